@@ -1,0 +1,521 @@
+"""Utilities (port of the original utils/core.py from TF1 + mpi4py to torch + torch.distributed).
+
+What replaced the original's TF1 graph machinery (details in PORTING.md):
+- `graph_function` / placeholders / `tf.Session`: gone; functions are called eagerly with tensors.
+- `mpi_session` / `variables_on_gpu` / `gpu_devices`: `get_device()` (one GPU per rank, by LOCAL_RANK).
+- MPI (`MPI.COMM_WORLD`, horovod): the default torch.distributed process group. Every function works
+  without an initialised group too (a single process), like the original with one MPI rank.
+- `variable_synchronizer`: `sync_params`; the gradient all-reduce inside `minimize`: `average_gradients`;
+  `tf.train.AdamOptimizer(epsilon=1e-5)`: `AdamTF`.
+- `where` (scalar broadcasting), `shape_list`, `map_flat_bits`, `add_batch_dim`, `mpi_read_file`,
+  `SampleBuffer.write/write_add` are not ported: torch does these natively or nothing uses them.
+"""
+
+import collections.abc
+import json
+import os
+import random
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+def exact_div(a, b):
+    q = a // b
+    if a != q * b:
+        raise ValueError('Inexact division: %s / %s = %s' % (a, b, a / b))
+    return q
+
+
+def ceil_div(a, b):
+    return (a - 1) // b + 1
+
+
+def expand_tile(value, size, *, axis):
+    """Add a new axis of given size."""
+    value = torch.as_tensor(value)
+    ndims = value.dim()
+    if axis < 0:
+        axis += ndims + 1
+    return value.unsqueeze(axis).repeat([1] * axis + [size] + [1] * (ndims - axis))
+
+
+def index_each(a, ix):
+    """Do a batched indexing operation: index row i of a by ix[i]
+
+    In the simple case (a is >=2D and ix is 1D), returns [row[i] for row, i in zip(a, ix)].
+
+    If ix has more dimensions, multiple lookups will be done at each batch index.
+    For instance, if ix is 2D, returns [[row[i] for i in ix_row] for row, ix_row in zip(a, ix)].
+
+    Always indexes into dimension 1 of a.
+    """
+    a = torch.as_tensor(a)
+    ix = torch.as_tensor(ix, dtype=torch.long, device=a.device)
+    if a.shape[0] != ix.shape[0]:
+        raise ValueError(f'index_each: batch sizes differ: a {tuple(a.shape)}, ix {tuple(ix.shape)}')
+    i0 = torch.arange(a.shape[0], device=a.device).view((-1,) + (1,) * (ix.dim() - 1)).expand_as(ix)
+    return a[i0, ix]
+
+
+def cumulative_max(x):
+    """Takes the (inclusive) cumulative maximum along the last axis of x."""
+    return torch.cummax(torch.as_tensor(x), dim=-1).values
+
+
+def flatten_dict(nested, sep='.'):
+    def rec(nest, prefix, into):
+        for k, v in nest.items():
+            if sep in k:
+                raise ValueError(f"separator '{sep}' not allowed to be in key '{k}'")
+            # collections.abc.Mapping: the original's collections.Mapping was removed in Python 3.10.
+            if isinstance(v, collections.abc.Mapping):
+                rec(v, prefix + k + sep, into)
+            else:
+                into[prefix + k] = v
+    flat = {}
+    rec(nested, '', flat)
+    return flat
+
+
+def safe_zip(*args):
+    """Zip, but require all sequences to be the same length."""
+    args = tuple(map(tuple, args))
+    for a in args[1:]:
+        if len(args[0]) != len(a):
+            raise ValueError(f'Lengths do not match: {[len(a) for a in args]}')
+    return zip(*args)
+
+
+@dataclass
+class Schema:
+    dtype: Any  # a torch dtype (the original: a tf dtype)
+    shape: Tuple[Optional[int], ...]
+
+
+class SampleBuffer:
+    """A circular buffer for storing and sampling data (CPU tensors).
+
+    Data can be added to the buffer with `add`, and old data will be dropped.
+    """
+
+    def __init__(self, *, capacity: int, schemas: Dict[str, Schema]) -> None:
+        self._capacity = capacity
+        self._total = 0
+        self._schemas = dict(schemas)
+        self._vars = {n: torch.zeros((capacity,) + tuple(s.shape), dtype=s.dtype) for n, s in schemas.items()}
+        self._generators = {}
+
+    def add(self, **data):
+        """Add new data to the end of the buffer, dropping old data if we exceed capacity."""
+        if data.keys() != self._vars.keys():
+            raise ValueError('data.keys() = %s != %s' % (sorted(data.keys()), sorted(self._vars.keys())))
+        data = {k: torch.as_tensor(d) for k, d in data.items()}
+        n = next(iter(data.values())).shape[0]
+        for k, d in data.items():
+            want = (n,) + tuple(self._schemas[k].shape)
+            if tuple(d.shape) != want:
+                raise ValueError(f'SampleBuffer.add: key {k} has shape {tuple(d.shape)}, expected {want}')
+            if not torch.can_cast(d.dtype, self._schemas[k].dtype):
+                raise ValueError(f'SampleBuffer.add: key {k} has dtype {d.dtype}, expected {self._schemas[k].dtype}')
+        if n > self._capacity:
+            raise ValueError(f'SampleBuffer.add: {n} entries do not fit in capacity {self._capacity}')
+        # Enqueue: the same two slices as the original, [i0, i1) at the end and [i2, i3) wrapped around.
+        capacity = self._capacity
+        i0 = self._total % capacity
+        i0n = i0 + n
+        i1 = min(i0n, capacity)
+        i2 = i1 % capacity
+        i3 = i0n % capacity
+        self._total += n
+        for k, d in data.items():
+            d = d.to(device='cpu', dtype=self._schemas[k].dtype)
+            self._vars[k][i0:i1] = d[:i1 - i0]
+            self._vars[k][i2:i3] = d[i1 - i0:]
+
+    def total(self):
+        """Total number of entries ever added, including those already discarded."""
+        return self._total
+
+    def size(self):
+        """Current number of entries."""
+        return min(self._total, self._capacity)
+
+    def read(self, indices):
+        """indices: A 1-D tensor of indices to read from. Each index must be less than capacity."""
+        indices = torch.as_tensor(indices, dtype=torch.long)
+        return {k: v[indices] for k, v in self._vars.items()}
+
+    def data(self):
+        return {k: v[:self.size()] for k, v in self._vars.items()}
+
+    def sample(self, n, seed=None):
+        """Sample n entries with replacement.
+
+        Like the original's seeded op, a given seed fixes the sequence of samples over calls (each call
+        continues it) rather than returning the same sample every time.
+        """
+        generator = None
+        if seed is not None:
+            if seed not in self._generators:
+                self._generators[seed] = torch.Generator().manual_seed(seed)
+            generator = self._generators[seed]
+        indices = torch.randint(0, self.size(), (n,), generator=generator)
+        return self.read(indices)
+
+
+def entropy_from_logits(logits):
+    pd = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - torch.sum(pd * logits, dim=-1)
+
+
+def logprobs_from_logits(*, logits, labels):
+    # = -sparse_softmax_cross_entropy_with_logits(labels, logits)
+    return torch.log_softmax(logits, dim=-1).gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
+
+
+def sample_from_logits(logits, generator=None):
+    """One categorical sample per row of logits (any leading shape); returns int64 token ids."""
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    # softmax in fp32 then multinomial == tf.random.categorical on the logits.
+    probs = torch.softmax(flat_logits.float(), dim=-1)
+    flat_samples = torch.multinomial(probs, num_samples=1, generator=generator)
+    return flat_samples.reshape(logits.shape[:-1])
+
+
+def take_top_k_logits(logits, k):
+    values, _ = torch.topk(logits, k=k, dim=-1)
+    min_values = values[..., -1:]
+    return torch.where(logits < min_values, torch.full_like(logits, -1e10), logits)
+
+
+def take_top_p_logits(logits, p):
+    """Nucleus sampling"""
+    sorted_logits, _ = torch.sort(logits, dim=-1, descending=True)
+    cumulative_probs = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
+    # number of indices to include
+    n_keep = torch.clamp((cumulative_probs <= p).sum(dim=-1) - 1, min=0)
+    min_values = sorted_logits.gather(-1, n_keep.unsqueeze(-1))
+    return torch.where(logits < min_values, torch.full_like(logits, -1e10), logits)
+
+
+def _moments(values):
+    """Mean and population variance over all elements, as tf.nn.moments (no gradient through the mean in var)."""
+    mean = values.mean()
+    var = torch.mean((values - mean.detach()) ** 2)
+    return mean, var
+
+
+def whiten(values, shift_mean=True):
+    mean, var = _moments(values)
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened
+
+
+def pearson_r(x, y):
+    assert x.dim() == 1, f'pearson_r: x must be 1-D, got shape {tuple(x.shape)}'
+    assert y.dim() == 1, f'pearson_r: y must be 1-D, got shape {tuple(y.shape)}'
+    x_mean, x_var = _moments(x)
+    y_mean, y_var = _moments(y)
+    cov = torch.mean((x - x_mean) * (y - y_mean), dim=0)
+    return cov / torch.sqrt(x_var * y_var)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Distributed: torch.distributed replaces MPI. With no initialised process group we behave as a single
+# MPI rank (world size 1) so the trainers and tests run unchanged in one process.
+
+def _dist_on():
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank():
+    return dist.get_rank() if _dist_on() else 0
+
+
+def get_world_size():
+    return dist.get_world_size() if _dist_on() else 1
+
+
+def is_root():
+    return get_rank() == 0
+
+
+def get_local_rank():
+    """Rank on this machine (set by launch.py / torchrun); the original derived it from MPI host names."""
+    return int(os.environ.get('LOCAL_RANK', '0'))
+
+
+def get_device():
+    """One GPU per rank, like the original's _our_gpu(); CPU when there is no GPU."""
+    if torch.cuda.is_available():
+        return torch.device('cuda', get_local_rank() % torch.cuda.device_count())
+    return torch.device('cpu')
+
+
+def _comm_device():
+    # NCCL only moves CUDA tensors; gloo is used on CPU.
+    if dist.get_backend() == 'nccl':
+        return torch.device('cuda', torch.cuda.current_device())
+    return torch.device('cpu')
+
+
+def set_mpi_seed(seed: Optional[int]):
+    """Seed torch, numpy and random with seed + rank * 100003, as the original; None leaves them unseeded."""
+    if seed is None:
+        return
+    seed = seed + get_rank() * 100003  # Prime (kept for backwards compatibility even though it does nothing)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _allreduce_tensor_sum(t):
+    # Reduce floats in fp32 like the original (its MPI buffer was float32; fp64 stays fp64), ints in int64.
+    if t.is_floating_point():
+        work_dtype = torch.float64 if t.dtype == torch.float64 else torch.float32
+    else:
+        work_dtype = torch.int64
+    buf = t.detach().to(device=_comm_device(), dtype=work_dtype).clone()
+    dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+    return buf.to(device=t.device, dtype=t.dtype)
+
+
+def mpi_allreduce_sum(values):
+    """Sum over ranks. Takes a tensor, numpy array or python number and returns the same kind."""
+    if get_world_size() == 1:
+        return values
+    if isinstance(values, torch.Tensor):
+        return _allreduce_tensor_sum(values)
+    if isinstance(values, np.ndarray) or isinstance(values, np.generic):
+        arr = np.asarray(values)
+        out = _allreduce_tensor_sum(torch.from_numpy(np.ascontiguousarray(arr))).numpy()
+        return out if isinstance(values, np.ndarray) else out[()]
+    if isinstance(values, (int, float)) and not isinstance(values, bool):
+        out = _allreduce_tensor_sum(torch.tensor(values, dtype=torch.float64 if isinstance(values, float) else torch.int64))
+        return type(values)(out.item())
+    raise TypeError(f'mpi_allreduce_sum: unsupported value of type {type(values).__name__}')
+
+
+def mpi_allreduce_mean(values):
+    scale = 1 / get_world_size()
+    values = mpi_allreduce_sum(values)
+    return values if scale == 1 else values * scale
+
+
+def mpi_bcast(value, root=0):
+    """Broadcast value from root to the other ranks.
+
+    A tensor is broadcast in place of an equally shaped tensor on every rank (as the original, whose
+    tensors had static shapes); anything else (numpy arrays, python objects) is pickled.
+    """
+    if get_world_size() == 1:
+        return value
+    if isinstance(value, torch.Tensor):
+        buf = value.detach().to(_comm_device()).clone()
+        dist.broadcast(buf, src=root)
+        return buf.to(value.device)
+    obj = [value if get_rank() == root else None]
+    dist.broadcast_object_list(obj, src=root, device=_comm_device())
+    return obj[0]
+
+
+def chunk_tensors(tensors, *, limit=1 << 28):
+    """Chunk the list of tensors into groups of size at most `limit` bytes (and a single dtype each, since
+    the groups are concatenated for one collective call)."""
+    batches = []
+    total = 0
+    for v in tensors:
+        size = v.element_size() * v.numel()
+        if not batches or total + size > limit or batches[-1][0].dtype != v.dtype:
+            total = 0
+            batches.append([])
+        total += size
+        batches[-1].append(v)
+    return batches
+
+
+def map_flat(f, values):
+    """Apply the function f to flattened, concatenated values, then split and reshape back to original shapes."""
+    values = list(values)
+    flat = torch.cat([v.reshape(-1) for v in values])
+    flat = f(flat)
+    parts = torch.split(flat, [v.numel() for v in values])
+    return [p.reshape(v.shape) for p, v in zip(parts, values)]
+
+
+def _module_tensors(params):
+    if isinstance(params, torch.nn.Module):
+        # Parameters and buffers (e.g. a reward model's gain/bias), in state_dict order (same on every rank).
+        return list(params.state_dict(keep_vars=True).values())
+    return list(params)
+
+
+@torch.no_grad()
+def sync_params(params, root=0):
+    """Copy params (an nn.Module or a list of tensors) from the root to the other ranks.
+
+    Replaces the original's variable_synchronizer; chunked, one broadcast per chunk.
+    """
+    if get_world_size() == 1:
+        return
+    tensors = _module_tensors(params)
+    for batch in chunk_tensors(tensors):
+        values = map_flat(lambda flat: mpi_bcast(flat, root=root), batch)
+        for t, v in zip(batch, values):
+            t.copy_(v)
+
+
+@torch.no_grad()
+def average_gradients(params):
+    """All-reduce-mean the .grad of params over ranks, coalesced into chunks (the MPI part of the original's
+    `minimize`). Params whose .grad is None are skipped, as the original dropped None gradients."""
+    if get_world_size() == 1:
+        return
+    grads = [p.grad for p in _module_tensors(params) if p.grad is not None]
+    for batch in chunk_tensors(grads, limit=1 << 29):
+        values = map_flat(mpi_allreduce_mean, batch)
+        for g, v in zip(batch, values):
+            g.copy_(v)
+
+
+class AdamTF(torch.optim.Optimizer):
+    """Adam exactly as TF1's tf.train.AdamOptimizer (the original's optimizer, epsilon=1e-5).
+
+    TF1 folds the bias corrections into the step size and adds epsilon to the *uncorrected* sqrt(v):
+        lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t)
+        m += (g - m) * (1 - beta1);  v += (g^2 - v) * (1 - beta2)
+        var -= lr_t * m / (sqrt(v) + eps)
+    torch.optim.Adam adds epsilon to the corrected sqrt(v_hat), which is a different update. The scalars
+    are computed in float32 and beta^t is accumulated by repeated float32 multiplication, as TF does.
+    """
+
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-5):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            f32 = np.float32
+            beta1, beta2 = f32(group['betas'][0]), f32(group['betas'][1])
+            # TF keeps one beta1_power/beta2_power pair per optimizer, starting at beta, multiplied by
+            # beta after each step.
+            beta1_power = f32(group.get('beta1_power', beta1))
+            beta2_power = f32(group.get('beta2_power', beta2))
+            alpha = f32(group['lr']) * np.sqrt(f32(1) - beta2_power) / (f32(1) - beta1_power)
+            one_minus_beta1, one_minus_beta2 = f32(1) - beta1, f32(1) - beta2
+            eps = f32(group['eps'])
+            for p in group['params']:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                state = self.state[p]
+                if not state:
+                    state['m'] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state['v'] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                m, v = state['m'], state['v']
+                m.add_((g - m) * float(one_minus_beta1))
+                v.add_((g * g - v) * float(one_minus_beta2))
+                p.sub_((m * float(alpha)) / (v.sqrt() + float(eps)))
+            group['beta1_power'] = float(beta1_power * beta1)
+            group['beta2_power'] = float(beta2_power * beta2)
+        return loss
+
+
+def autocast(enabled):
+    """bf16 autocast on our device (the original ran fp32; bf16 is opt-in via the trainers' hparams)."""
+    return torch.autocast(device_type=get_device().type, dtype=torch.bfloat16, enabled=enabled)
+
+
+class FlatStats:
+    """A bunch of statistics stored as a single flat tensor."""
+
+    def __init__(self, keys, flat):
+        keys = tuple(keys)
+        flat = torch.as_tensor(flat, dtype=torch.float32)
+        assert flat.shape == (len(keys),), f'FlatStats: {len(keys)} keys but flat has shape {tuple(flat.shape)}'
+        self.keys = keys
+        self.flat = flat
+
+    @staticmethod
+    def from_dict(stats):
+        for k, v in stats.items():
+            if not isinstance(v, torch.Tensor) or v.dtype != torch.float32:
+                dtype = v.dtype if isinstance(v, torch.Tensor) else type(v).__name__
+                raise ValueError('Statistic %s has dtype %r, expected %r' % (k, dtype, torch.float32))
+        keys = tuple(sorted(stats.keys()))
+        flat = torch.stack([stats[k].reshape(()) for k in keys])
+        return FlatStats(keys, flat)
+
+    def concat(self, more):
+        dups = set(self.keys) & set(more.keys)
+        if dups:
+            raise ValueError('Duplicate statistics: %s' % ', '.join(sorted(dups)))
+        return FlatStats(self.keys + more.keys, torch.cat([self.flat, more.flat.to(self.flat.device)]))
+
+    def as_dict(self):
+        return dict(safe_zip(self.keys, self.flat.unbind(0)))
+
+    def with_values(self, flat):
+        return FlatStats(self.keys, flat)
+
+    def map_flat(self, f):
+        return FlatStats(self.keys, f(self.flat))
+
+
+def get_summary_writer(save_dir, subdir=''):
+    """A TensorBoard writer under <save_dir>/tb/<subdir> on rank 0; None elsewhere or without a save_dir."""
+    if not is_root() or save_dir is None:
+        return None
+    from torch.utils.tensorboard import SummaryWriter  # imported lazily: it pulls in tensorboard
+    return SummaryWriter(os.path.join(save_dir, 'tb', subdir))
+
+
+def _to_float(v):
+    if isinstance(v, torch.Tensor):
+        return v.detach().float().item()
+    return float(v)
+
+
+def record_stats(*, stats, summary_writer, step, log_interval, jsonl_path=None):
+    """Average stats (dict of name -> scalar) over ranks, then on rank 0: print a table every
+    log_interval steps, write every step to TensorBoard and append `{"step": step, **stats}` to jsonl_path.
+
+    Collective: call it on every rank (the original's caller averaged with FlatStats first; averaging
+    again is harmless since the values are then equal on all ranks). Returns the averaged dict of floats.
+    """
+    keys = list(stats.keys())
+    flat = torch.tensor([_to_float(stats[k]) for k in keys], dtype=torch.float64)
+    flat = mpi_allreduce_mean(flat)
+    means = {k: v for k, v in safe_zip(keys, flat.tolist())}
+    step = int(step)
+    if not is_root():
+        return means
+    if log_interval and step % log_interval == 0:
+        print(_format_table(means, step))
+    if summary_writer is not None:
+        for k, v in means.items():
+            summary_writer.add_scalar(k, v, global_step=step)
+        summary_writer.flush()
+    if jsonl_path is not None:
+        os.makedirs(os.path.dirname(os.path.abspath(jsonl_path)), exist_ok=True)
+        with open(jsonl_path, 'a') as f:
+            f.write(json.dumps({'step': step, **means}) + '\n')
+    return means
+
+
+def _format_table(means, step):
+    rows = [('step', str(step))] + [(k, f'{v:.6g}') for k, v in sorted(means.items())]
+    kw = max(len(k) for k, _ in rows)
+    vw = max(len(v) for _, v in rows)
+    line = '-' * (kw + vw + 7)
+    return '\n'.join([line] + [f'| {k:<{kw}} | {v:>{vw}} |' for k, v in rows] + [line])

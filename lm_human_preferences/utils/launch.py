@@ -1,0 +1,204 @@
+"""Launching trials in a group of worker processes (port of the original utils/launch.py).
+
+The original pickled the trial function with cloudpickle and ran it under `mpiexec -n <mpi>`, with a
+`fire` command line. We start the workers with torch.multiprocessing.spawn and join them in a
+torch.distributed process group (gloo on CPU, NCCL with one GPU per rank); under torchrun we join the
+group torchrun describes instead. The command line is parsed by `main` below (no `fire`).
+"""
+
+import inspect
+import os
+import socket
+import sys
+from functools import partial
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from lm_human_preferences.utils import hyperparams
+
+
+class ConfigError(Exception):
+    """A bad command line, experiment name or hyperparameter: reported as one line, without a traceback."""
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def _backend():
+    # LMHP_DIST_BACKEND=gloo forces CPU collectives (the tests use it to run 2 workers on a 1-GPU machine).
+    return os.environ.get('LMHP_DIST_BACKEND') or ('nccl' if torch.cuda.is_available() else 'gloo')
+
+
+def _run_in_group(f):
+    """Join the process group described by the env (RANK, WORLD_SIZE, MASTER_ADDR/PORT, LOCAL_RANK), run f."""
+    backend = _backend()
+    if backend == 'nccl':
+        torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', '0')))
+    dist.init_process_group(backend=backend)
+    f()
+    # Only on success: after a failure a peer may be stuck in a collective, and tearing the group down
+    # could block; the parent kills the workers instead.
+    dist.destroy_process_group()
+
+
+def _worker(local_rank, world_size, port, f):
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(local_rank),
+                      LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
+    _run_in_group(f)
+
+
+def launch(name, f, *, mpi=1) -> None:
+    """Run f() in `mpi` processes joined in a torch.distributed group (the original: `mpiexec -n mpi`).
+
+    mpi=1 runs f in this process with no group. Under torchrun (WORLD_SIZE set) f runs in this process
+    inside torchrun's group. If a worker raises, the others are killed and a
+    torch.multiprocessing.ProcessRaisedException carrying the worker's traceback is raised here.
+    """
+    if 'WORLD_SIZE' in os.environ:
+        if dist.is_initialized():
+            f()
+        else:
+            _run_in_group(f)
+        return
+    if mpi == 1:
+        f()
+        return
+    if _backend() == 'nccl' and mpi > torch.cuda.device_count():
+        raise ConfigError(f'{name}: --mpi {mpi} needs one GPU per process, but only '
+                          f'{torch.cuda.device_count()} GPUs are visible')
+    # spawn (not fork): each worker starts a fresh interpreter, safe with CUDA and threads.
+    mp.spawn(_worker, args=(mpi, _free_port(), f), nprocs=mpi, join=True)
+
+
+def launch_trials(name, fn, trials, hparam_class, extra_hparams=None, dry_run=False, mpi=1, save_dir=None):
+    """Build each trial's hparams (bindings, then the command line's extra hparams), validate, and run
+    fn(hparams) in `mpi` processes per trial. With dry_run, print the resolved hparams instead."""
+    jobs = []
+    for trial in trials:
+        descriptors = []
+        kwargs = {}
+        for k, v, s in trial:
+            if k is not None:
+                if k in kwargs:
+                    print(f'WARNING: overriding key {k} from {kwargs[k]} to {v}')
+                kwargs[k] = v
+            if s.get('descriptor'):
+                descriptors.append(str(s['descriptor']))
+        job_name = (name + '/' + '-'.join(descriptors)).rstrip('/')
+        hparams = hparam_class()
+        try:
+            hparams.override_from_dict(kwargs)
+            if extra_hparams:
+                hparams.override_from_str_dict(extra_hparams)
+            if save_dir:
+                # Set before validate() (the original set it after) so --dry_run shows the real save dir.
+                hparams.run.save_dir = os.path.join(save_dir, job_name)
+            hparams.validate()
+        except (ValueError, AttributeError, TypeError, AssertionError) as e:
+            # The trainers' validate() methods use asserts and exact_div, as the original.
+            raise ConfigError(f'{job_name}: {e or type(e).__name__}') from e
+        if dry_run:
+            print(f'{job_name}: {kwargs}')
+            hyperparams.dump(hparams)
+        else:
+            jobs.append(partial(launch, job_name, partial(fn, hparams), mpi=mpi))
+    # The original ran local jobs one at a time too (it asserted there was only one).
+    for job in jobs:
+        job()
+
+
+def _parse_command_line(argv, params):
+    """argv (after the command) -> (positional args, options). `--key value` and `--key=value`; an option
+    that is a bool parameter of the command may be given alone as a flag (`--dry_run`)."""
+    positional, options = [], {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith('--'):
+            positional.append(arg)
+            i += 1
+            continue
+        key, eq, value = arg[2:].partition('=')
+        if not key:
+            raise ConfigError(f"malformed option '{arg}'")
+        if key in options:
+            raise ConfigError(f"option --{key} given twice")
+        param = params.get(key)
+        is_flag = param is not None and isinstance(param.default, bool)
+        if not eq:
+            if is_flag and (i + 1 == len(argv) or argv[i + 1].startswith('--')):
+                value = 'true'
+            elif i + 1 == len(argv):
+                raise ConfigError(f'option --{key} needs a value')
+            else:
+                i += 1
+                value = argv[i]
+        options[key] = value
+        i += 1
+    return positional, options
+
+
+def _convert_option(key, value, param):
+    """Command options (not hparams) take the type of their default (bool / int); None defaults take int
+    for `mpi` and str otherwise."""
+    default = param.default
+    if isinstance(default, bool):
+        if value.lower() in ('t', 'true', '1', 'yes'):
+            return True
+        if value.lower() in ('f', 'false', '0', 'no'):
+            return False
+        raise ConfigError(f"option --{key}: invalid bool '{value}'")
+    if isinstance(default, int) or (default is None and key == 'mpi'):
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"option --{key}: invalid int '{value}'") from None
+    return value
+
+
+def main(commands_dict, argv=None):
+    """`python launch.py COMMAND ARG... [--option value] [--dotted.hparam value]` (the original used fire).
+
+    Each command is a function `(positional..., *, options with defaults, **extra_hparams)`: named options
+    go to its parameters, every other `--key value` to **extra_hparams (as strings, parsed by HParams).
+    Configuration errors print one `error: ...` line and exit 2; a failing worker exits 1 with its traceback.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    usage = f"usage: launch.py {{{','.join(commands_dict)}}} EXPERIMENT NAME [--mpi N] [--dry_run] [--save_dir DIR] [--dotted.hparam VALUE ...]"
+    if not argv or argv[0] in ('-h', '--help'):
+        print(usage)
+        sys.exit(0 if argv else 2)
+    try:
+        command = commands_dict.get(argv[0])
+        if command is None:
+            raise ConfigError(f"unknown command '{argv[0]}' (choose from: {', '.join(commands_dict)})")
+        params = inspect.signature(command).parameters
+        positional, options = _parse_command_line(argv[1:], params)
+        kw = {}
+        names = [p.name for p in params.values() if p.default is inspect.Parameter.empty
+                 and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(positional) != len(names):
+            raise ConfigError(f"{argv[0]} takes {len(names)} arguments ({' '.join(names).upper()}), "
+                              f"got {len(positional)}: {' '.join(positional)}")
+        takes_hparams = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        for key, value in options.items():
+            param = params.get(key)
+            if param is not None and param.kind is not param.VAR_KEYWORD:
+                kw[key] = _convert_option(key, value, param)
+            elif takes_hparams:
+                kw[key] = value  # a dotted hparam override: goes to **extra_hparams
+            else:
+                raise ConfigError(f'{argv[0]} has no option --{key}')
+        command(*positional, **kw)
+    except ConfigError as e:
+        print(f'error: {e}', file=sys.stderr)
+        sys.exit(2)
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+        # The message holds the failing worker's traceback; the launcher's own stack adds nothing.
+        print(f'error: a worker failed:{e}', file=sys.stderr)
+        sys.exit(1)

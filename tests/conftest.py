@@ -1,0 +1,29 @@
+"""Shared pytest fixtures."""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# `../shared` beside the checkout holds read-only reference files (GPT-2 BPE files, the 124M
+# checkpoint index, public-domain books). A user's clone has none: tests that need it skip.
+SHARED_DIR = REPO_ROOT.parent / 'shared'
+
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+
+@pytest.fixture
+def shared_dir() -> Path:
+    if not SHARED_DIR.is_dir():
+        pytest.skip(f'{SHARED_DIR} is absent (it exists only beside the CI checkout)')
+    return SHARED_DIR
+
+
+@pytest.fixture(autouse=True)
+def _isolated_caches(tmp_path_factory, monkeypatch):
+    """Keep every test's downloads, prepared data and converted checkpoints out of the repo."""
+    cache = tmp_path_factory.getbasetemp() / 'caches'
+    monkeypatch.setenv('LMHP_DATASETS_DIR', str(cache / 'datasets'))
+    monkeypatch.setenv('LMHP_SAVED_MODELS_DIR', str(cache / 'saved_models'))

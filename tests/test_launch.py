@@ -1,0 +1,320 @@
+"""Tests for utils/launch.py and the top-level launch.py: experiments, command line, worker groups.
+
+The 2-process tests also cover the multi-process side of utils/core.py's distributed helpers and
+utils/gcs.py's rank-0-downloads rule.
+"""
+import importlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from lm_human_preferences.utils import core, gcs, hyperparams, launch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+import launch as top_launch  # noqa: E402  (the top-level launch.py)
+
+
+# ---- a small stand-in for the trainers' HParams ----
+
+@dataclass
+class RunHParams(hyperparams.HParams):
+    seed: Optional[int] = None
+    save_dir: Optional[str] = None
+
+
+@dataclass
+class KL(hyperparams.HParams):
+    target: float = None
+
+
+@dataclass
+class ToyHParams(hyperparams.HParams):
+    run: RunHParams = field(default_factory=RunHParams)
+    lr: float = None
+    batch_size: int = 8
+    adaptive_kl: Optional[KL] = None
+
+    def validate(self, *, prefix=''):
+        super().validate(prefix=prefix)
+        core.exact_div(64, self.batch_size)
+
+
+def _record(out_path, hparams):
+    with open(out_path, 'a') as f:
+        f.write(json.dumps(hparams.to_nested_dict()) + '\n')
+
+
+def test_launch_trials_in_process(tmp_path, capsys):
+    from lm_human_preferences.utils.combos import bind, combos, options_vardesc
+    trials = combos(bind('lr', 1e-3), bind('adaptive_kl', 'on'), bind('adaptive_kl.target', 6.0),
+                    options_vardesc('batch_size', [4, 16]))
+    out = tmp_path / 'calls.jsonl'
+    launch.launch_trials('exp', partial(_record, str(out)), trials, ToyHParams,
+                         extra_hparams={'lr': '5e-4', 'run.seed': '3'}, save_dir=str(tmp_path / 'save'))
+    calls = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [c['batch_size'] for c in calls] == [4, 16]
+    assert all(c['lr'] == 5e-4 and c['run']['seed'] == 3 and c['adaptive_kl'] == {'target': 6.0} for c in calls)
+    # <save_dir>/<job_name>, the job name joining the descriptors, as the original.
+    assert [c['run']['save_dir'] for c in calls] == [str(tmp_path / 'save' / 'exp' / 'batch_size4'),
+                                                     str(tmp_path / 'save' / 'exp' / 'batch_size16')]
+
+    launch.launch_trials('exp', partial(_record, str(tmp_path / 'none.jsonl')), trials, ToyHParams, dry_run=True)
+    assert not (tmp_path / 'none.jsonl').exists()
+    printed = capsys.readouterr().out
+    assert 'exp/batch_size16: ' in printed and 'hparams:\n' in printed and '  lr: 0.001\n' in printed
+
+
+def test_launch_trials_config_errors():
+    from lm_human_preferences.utils.combos import bind, combos
+    run = partial(launch.launch_trials, 'e', lambda hp: None, hparam_class=ToyHParams)
+    with pytest.raises(launch.ConfigError, match="'lrr'.*closest valid keys: lr"):
+        run(combos(bind('lr', 1.0)), extra_hparams={'lrr': '1'})
+    with pytest.raises(launch.ConfigError, match="'batch_size'.*'big'"):
+        run(combos(bind('lr', 1.0)), extra_hparams={'batch_size': 'big'})
+    with pytest.raises(launch.ConfigError, match="missing mandatory value for hyperparameter 'lr'"):
+        run(combos(bind('batch_size', 4)))
+    with pytest.raises(launch.ConfigError, match='Inexact division'):  # a subclass validate() failing
+        run(combos(bind('lr', 1.0), bind('batch_size', 5)))
+
+
+def _command(exp, name, dry_run=False, mpi=None, save_dir='/unused', **extra_hparams):
+    """A stand-in for launch.py's commands, on ToyHParams."""
+    from lm_human_preferences.utils.combos import bind, combos
+    trials = {'toy': combos(bind('lr', 1.0))}
+    if exp not in trials:
+        raise launch.ConfigError(f"Couldn't find experiment '{exp}'")
+    launch.launch_trials(name, lambda hp: print('RAN', hp.lr, hp.batch_size, hp.run.save_dir), trials[exp],
+                         ToyHParams, extra_hparams=extra_hparams, dry_run=dry_run, mpi=mpi or 1, save_dir=save_dir)
+
+
+def _main(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        launch.main({'cmd': _command}, argv=argv)
+        sys.exit(0)
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+def test_main_parses_options_and_hparams(capsys):
+    code, out, err = _main(['cmd', 'toy', 'n', '--batch_size', '16', '--lr=0.5', '--save_dir', '/s'], capsys)
+    assert code == 0 and 'RAN 0.5 16 /s/n' in out, err
+    code, out, err = _main(['cmd', 'toy', 'n', '--dry_run', '--run.seed', '4'], capsys)
+    assert code == 0 and 'RAN' not in out and '    seed: 4\n' in out
+    code, out, err = _main(['cmd', 'toy', 'n', '--dry_run=false', '--mpi', '1'], capsys)
+    assert code == 0 and 'RAN' in out
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['cmd', 'toy', 'n', '--lrr', '1'], "error: n: unknown hyperparameter 'lrr'"),
+    (['cmd', 'toy', 'n', '--batch_size', 'x'], "error: n: bad value for hyperparameter 'batch_size': 'x'"),
+    (['cmd', 'nope', 'n'], "error: Couldn't find experiment 'nope'"),
+    (['bogus', 'toy', 'n'], "error: unknown command 'bogus' (choose from: cmd, fail)"),
+    (['cmd', 'toy'], 'error: cmd takes 2 arguments (EXP NAME), got 1: toy'),
+    (['cmd', 'toy', 'n', '--lr'], 'error: option --lr needs a value'),
+    (['cmd', 'toy', 'n', '--mpi', 'two'], "error: option --mpi: invalid int 'two'"),
+    (['cmd', 'toy', 'n', '--lr', '1', '--lr', '2'], 'error: option --lr given twice'),
+    (['fail', 'e', 'n', '--lr', '1'], 'error: fail has no option --lr'),
+])
+def test_main_errors_are_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        launch.main({'cmd': _command, 'fail': _failing_command}, argv=argv)
+    code, err = e.value.code, capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(message) and err.count('\n') == 1, err
+    assert 'Traceback' not in err
+
+
+# ---- the real experiments ----
+
+def _bindings(trials):
+    assert len(trials) == 1
+    return {k: v for k, v, _ in trials[0] if k is not None}
+
+
+def test_experiments():
+    reward = top_launch.get_train_reward_experiments()
+    policy = top_launch.get_experiments()
+    assert set(reward) == set(policy) == {'sentiment', 'descriptiveness', 'cnndm', 'tldr'}
+    for exp in reward:
+        r, p = _bindings(reward[exp]), _bindings(policy[exp])
+        assert r['labels.type'] == 'best_of_4' and r['run.seed'] == 1
+        assert r['labels.source'].startswith('https://openaipublic.blob.core.windows.net/lm-human-preferences/labels/')
+        # The policy experiment trains its reward model with the reward experiment of the same name.
+        assert p['rewards.train_new_model'] == 'on'
+        assert {k[len('rewards.train_new_model.'):]: v for k, v in p.items()
+                if k.startswith('rewards.train_new_model.')} == r
+        assert not any(k == 'rewards.whiten' for k in p)
+    assert _bindings(policy['cnndm'])['ppo.whiten_rewards'] is False  # the fixed 'rewards.whiten'
+    assert _bindings(policy['tldr'])['ppo.whiten_rewards'] is False
+    assert 'ppo.whiten_rewards' not in _bindings(policy['sentiment'])
+    s = _bindings(policy['sentiment'])
+    assert (s['rewards.adaptive_kl'], s['rewards.adaptive_kl.target'], s['ppo.lr']) == ('on', 6.0, 1e-5)
+    assert _bindings(reward['cnndm'])['labels.num_train'] == 46_000
+
+
+def _run_launch_py(*args):
+    return subprocess.Popen([sys.executable, 'launch.py', *args], cwd=REPO_ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _trainer_or_skip(command):
+    try:
+        importlib.import_module(f'lm_human_preferences.{command}')
+    except ImportError as e:  # the trainers are written by other helpers, possibly after this file
+        pytest.skip(f'lm_human_preferences.{command} is not importable yet: {e}')
+
+
+def test_unknown_experiment_via_command_line():
+    p = _run_launch_py('train_reward', 'nosuch', 'x', '--dry_run')
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 2
+    assert err == "error: Couldn't find experiment 'nosuch' for train_reward (choose from: sentiment, descriptiveness, cnndm, tldr)\n"
+
+
+@pytest.mark.parametrize('command', ['train_reward', 'train_policy'])
+def test_dry_run_every_experiment(command, tmp_path):
+    _trainer_or_skip(command)
+    procs = {exp: _run_launch_py(command, exp, 'x', '--dry_run', '--save_dir', str(tmp_path))
+             for exp in ('sentiment', 'descriptiveness', 'cnndm', 'tldr')}
+    for exp, p in procs.items():
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, f'{command} {exp}:\n{err}'
+        assert '\nhparams:\n' in out
+        assert f'save_dir: {tmp_path / "x"}' in out
+    bad = _run_launch_py(command, 'sentiment', 'x', '--dry_run', '--run.sede', '1')
+    out, err = bad.communicate(timeout=120)
+    assert bad.returncode == 2
+    assert err.startswith("error: x: unknown hyperparameter 'run.sede'") and err.count('\n') == 1, err
+
+
+# ---- worker groups ----
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.server.requests.append(self.path)
+        if self.path == '/missing':
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header('Content-Length', '5')
+        self.end_headers()
+        self.wfile.write(b'hello')
+
+    def log_message(self, *args):
+        pass
+
+
+def _collectives_worker(out_dir, base_url):
+    rank, world = core.get_rank(), core.get_world_size()
+    assert dist.is_initialized() and dist.get_backend() == 'gloo' and world == 2
+    assert os.environ['LOCAL_RANK'] == str(rank)
+    res = {}
+    res['sum'] = core.mpi_allreduce_sum(torch.tensor([rank + 1.0, 10.0])).tolist()
+    res['mean'] = core.mpi_allreduce_mean(torch.tensor([rank + 1.0])).tolist()
+    res['np_mean'] = core.mpi_allreduce_mean(np.array([2.0 * rank])).tolist()
+    res['float_sum'] = core.mpi_allreduce_sum(0.5 + rank)
+    res['bcast_obj'] = core.mpi_bcast({'from': rank})
+    res['bcast_tensor'] = core.mpi_bcast(torch.full((2,), float(rank))).tolist()
+    res['is_root'] = core.is_root()
+
+    torch.manual_seed(100 + rank)  # different initial weights on each rank
+    model = torch.nn.Linear(3, 2)
+    model.register_buffer('gain', torch.tensor(float(rank + 7)))
+    core.sync_params(model)
+    res['params'] = [t.tolist() for t in model.state_dict().values()]
+    model.weight.grad = torch.full_like(model.weight, float(rank))  # bias.grad stays None (skipped)
+    core.average_gradients(model.parameters())
+    res['grad'] = model.weight.grad.flatten().tolist()
+    core.set_mpi_seed(1)
+    res['seeded'] = torch.rand(1).item()
+    # gcs: rank 0 downloads, the others use its file; an error reaches every rank.
+    res['path'] = gcs.download_file_cached(base_url + '/data.txt', cache_dir=os.path.join(out_dir, 'cache'))
+    try:
+        gcs.download_file_cached(base_url + '/missing', cache_dir=os.path.join(out_dir, 'cache'), backoff_s=0.01)
+    except RuntimeError as e:
+        res['error'] = str(e)
+    with open(os.path.join(out_dir, f'rank{rank}.json'), 'w') as f:
+        json.dump(res, f)
+
+
+@pytest.fixture
+def gloo(monkeypatch):
+    # CPU collectives even on a GPU machine (NCCL would need one GPU per worker).
+    monkeypatch.setenv('LMHP_DIST_BACKEND', 'gloo')
+
+
+def test_two_gloo_workers(tmp_path, gloo):
+    httpd = ThreadingHTTPServer(('127.0.0.1', 0), _Handler)
+    httpd.requests = []
+    threading.Thread(target=httpd.serve_forever, kwargs=dict(poll_interval=0.02), daemon=True).start()
+    base_url = f'http://127.0.0.1:{httpd.server_address[1]}'
+    try:
+        launch.launch('collectives', partial(_collectives_worker, str(tmp_path), base_url), mpi=2)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    r0, r1 = (json.loads((tmp_path / f'rank{r}.json').read_text()) for r in range(2))
+    for r in (r0, r1):
+        assert r['sum'] == [3.0, 20.0] and r['mean'] == [1.5] and r['np_mean'] == [1.0] and r['float_sum'] == 2.0
+        assert r['bcast_obj'] == {'from': 0} and r['bcast_tensor'] == [0.0, 0.0]
+        assert r['grad'] == [0.5] * 6
+        assert r['error'] == f'could not download {base_url}/missing: HTTP 404 Not Found'
+        assert open(r['path']).read() == 'hello'
+    assert r0['is_root'] and not r1['is_root']
+    assert r0['params'] == r1['params'] and r1['params'][-1] == 7.0  # buffers synced too
+    assert r0['seeded'] != r1['seeded']  # seed + 100003 * rank
+    assert httpd.requests == ['/data.txt', '/missing']  # only rank 0 downloaded
+
+
+def _failing_worker():
+    if core.get_rank() == 1:
+        raise ValueError('boom from rank 1')
+    core.mpi_allreduce_sum(torch.zeros(1))  # rank 0 would wait here forever for rank 1
+    time.sleep(60)
+
+
+def _failing_command(exp, name):
+    launch.launch(name, _failing_worker, mpi=2)
+
+
+def test_raising_worker_ends_launch(capsys, gloo):
+    start = time.time()
+    with pytest.raises(SystemExit) as e:
+        launch.main({'cmd': _failing_command}, argv=['cmd', 'e', 'n'])
+    elapsed = time.time() - start
+    err = capsys.readouterr().err
+    assert e.value.code == 1
+    assert elapsed < 15, elapsed
+    assert 'Traceback' in err and 'ValueError: boom from rank 1' in err and '_failing_worker' in err
+
+
+def _group_check(out_path):
+    with open(out_path, 'w') as f:
+        json.dump([dist.is_initialized(), core.get_world_size()], f)
+
+
+def test_torchrun_env_joins_existing_group(tmp_path, monkeypatch):
+    # As under torchrun: the env describes the group; launch joins it in this process and ignores mpi.
+    monkeypatch.setenv('WORLD_SIZE', '1')
+    monkeypatch.setenv('RANK', '0')
+    monkeypatch.setenv('LOCAL_RANK', '0')
+    monkeypatch.setenv('MASTER_ADDR', '127.0.0.1')
+    monkeypatch.setenv('MASTER_PORT', str(launch._free_port()))
+    out = tmp_path / 'group.json'
+    launch.launch('t', partial(_group_check, str(out)), mpi=4)
+    assert json.loads(out.read_text()) == [True, 1]
+    assert not dist.is_initialized()

@@ -1,0 +1,116 @@
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from lm_human_preferences.language import datasets
+from lm_human_preferences.utils import core as utils
+from lm_human_preferences.utils import hyperparams
+
+
+@dataclass
+class PolicyHParams(hyperparams.HParams):
+    temperature: float = 1.0
+    initial_model: str = None
+
+@dataclass
+class TaskHParams(hyperparams.HParams):
+    # Query params
+    query_length: int = None
+    query_dataset: str = None
+    query_prefix: str = ''
+    query_suffix: str = ''
+    start_text: Optional[str] = '.'
+    end_text: Optional[str] = None
+
+    # Response params
+    response_length: int = None
+
+    # Truncate response after the first occurrence of this token at or after index after when sampling.
+    truncate_token: Optional[int] = None
+    truncate_after: int = 0
+    penalty_reward_value: int = -1
+
+    policy: PolicyHParams = field(default_factory=PolicyHParams)
+
+#returns a postprocessing function
+#it is applied to responses before they are scored
+#central example: replace all tokens after truncate_token with padding_token
+def postprocess_fn_from_hparams(hparams: TaskHParams, padding_token: int):
+    def get_mask(responses, truncate_token, truncate_after):
+        # We want to truncate at the first occurrence of truncate_token that appears at or after
+        # position truncate_after in the responses
+        mask = (responses == truncate_token).long()
+        mask = torch.cat([torch.zeros_like(mask)[:, :truncate_after], mask[:, truncate_after:]], dim=1)
+        # Occurrences strictly before each position: the first truncate token itself stays.
+        return (torch.cumsum(mask, dim=1) - mask).bool()
+    if hparams.truncate_token is not None:
+        def truncate(responses):
+            mask = get_mask(responses, hparams.truncate_token, hparams.truncate_after)
+            return torch.where(mask, torch.full_like(responses, padding_token), responses)
+        return truncate
+    else:
+        return lambda responses: responses
+
+#returns a filter function
+#responses not passing that function will receive a low (fixed) score
+#only query humans on responses that pass that function
+#central example: ensure that the sample contains truncate_token
+def filter_fn_from_hparams(hparams: TaskHParams):
+    def filter(responses):
+        if hparams.truncate_token is not None:
+            matches_token = responses[:, hparams.truncate_after:] == hparams.truncate_token
+            return matches_token.any(dim=-1)
+        else:
+            return torch.ones(responses.shape[0], dtype=torch.bool, device=responses.device)
+    return filter
+
+
+def query_formatter(hparams: TaskHParams, encoder):
+    """Turns a query into a context to feed to the language model
+
+    NOTE: Both of these are lists of tokens
+    """
+    # Encoded once here rather than on every call (TF built the constants once, into the graph).
+    prefix_tokens = torch.tensor(encoder.encode(hparams.query_prefix), dtype=torch.long)
+    suffix_tokens = torch.tensor(encoder.encode(hparams.query_suffix), dtype=torch.long)
+    def query_formatter(queries):
+        batch_size = queries.shape[0]
+        tiled_prefix = utils.expand_tile(prefix_tokens.to(queries), batch_size, axis=0)
+        tiled_suffix = utils.expand_tile(suffix_tokens.to(queries), batch_size, axis=0)
+        return torch.cat([tiled_prefix, queries, tiled_suffix], 1)
+    return query_formatter
+
+
+def _single_token(encoder, text, name):
+    """The original unpacked `token, = encoder.encode(text)`; same check, with a message."""
+    tokens = encoder.encode(text)
+    if len(tokens) != 1:
+        raise ValueError(f'task.{name}={text!r} must encode to exactly one token, got {tokens}')
+    return tokens[0]
+
+
+def make_query_sampler(*, hparams: TaskHParams, encoder, batch_size: int, mode='train'):
+    """A function returning dict(tokens=LongTensor [batch_size, query_length]) on utils.get_device(): the
+    next batch of this rank's queries (the original's `comm` is the torch.distributed group; the
+    sampler's TF `scope` argument is gone)."""
+    if hparams.start_text:
+        start_token = _single_token(encoder, hparams.start_text, 'start_text')
+    else:
+        start_token = None
+
+    if hparams.end_text:
+        end_token = _single_token(encoder, hparams.end_text, 'end_text')
+    else:
+        end_token = None
+
+    data = datasets.get_dataset(hparams.query_dataset).torch_dataset(
+        sequence_length=hparams.query_length, mode=mode, encoder=encoder,
+        start_token=start_token, end_token=end_token,
+    )
+    device = utils.get_device()
+
+    def sampler():
+        context_tokens = data.next_batch(batch_size).to(device)
+        return dict(tokens=context_tokens)
+    return sampler

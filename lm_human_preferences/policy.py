@@ -1,0 +1,81 @@
+"""The policy: a language model with a value head (port of the original policy.py)."""
+
+import torch
+from torch import nn
+
+from lm_human_preferences.language import model, sample
+from lm_human_preferences.utils import core as utils
+
+
+class Policy(nn.Module):
+    def __init__(
+            self,
+            trained_model, *,
+            scope=None,
+            embed_queries=lambda queries: queries,
+            temperature=1.0,
+    ):
+        super().__init__()
+        self.trained_model = trained_model
+        self.model_hparams = trained_model.hparams()
+        self.encoder = self.trained_model.encoding.get_encoder()
+        # The scope named the TF variables (e.g. 'policy/model/wte'); our checkpoints hold one scope's
+        # state each, so it is kept only as a name.
+        self.scope = scope if scope is not None else 'transformer_policy'
+        self.model = model.Model(hparams=self.model_hparams, scalar_heads=['value'])
+        self.embed_queries = embed_queries
+        self.temperature = temperature
+        self.padding_token = self.encoder.padding_token
+        # The original loaded the weights on rank 0 only and broadcast them; every rank loads here
+        # (the trainers still broadcast with utils.sync_params, which matters for 'test' models).
+        self.trained_model.init_model(self)
+
+    def get_encoder(self):
+        return self.encoder
+
+    def step_core(self, model_hparams, tokens, past=None, past_tokens=None):
+        lm_output = self.model(tokens, past=past, past_tokens=past_tokens, padding_token=self.padding_token)
+        # need to slice logits since we don't want to generate special tokens
+        logits = lm_output['lm_logits'][:, :, :self.model_hparams.n_vocab]
+        return {
+            'logits': logits,
+            'values': lm_output['value'],
+            'presents': lm_output['present'],
+        }
+
+    @torch.no_grad()
+    def respond(self, queries, length, generator=None):
+        """Sample `length` response tokens per query: responses [b, length], their logprobs under the
+        tempered logits and the values at the positions that predicted them, [b, length] each."""
+        contexts = self.embed_queries(queries)
+        context_length = contexts.shape[1]
+        result = sample.sample_sequence(
+            step=self.step_core,
+            context=contexts,
+            length=length,
+            model_hparams=self.model_hparams,
+            temperature=self.temperature,
+            extra_outputs=('values',),
+            generator=generator,
+        )
+        return dict(
+            responses=result['tokens'][:, context_length:],
+            logprobs=result['logprobs'],
+            values=result['values'],
+        )
+
+    def analyze_responses(self, queries, responses):
+        """Logprobs and entropies of responses under logits / temperature, and the (unscaled) values,
+        at the positions that predict each response token; [b, response_length] each."""
+        contexts = self.embed_queries(queries)
+        context_length = contexts.shape[1]
+        tokens = torch.cat([contexts, responses], dim=1)
+        result = self.step_core(self.model_hparams, tokens)
+        logits = result['logits'][:, context_length - 1:-1]
+
+        logits = logits / self.temperature
+        return dict(
+            logprobs=utils.logprobs_from_logits(logits=logits, labels=responses),
+            entropies=utils.entropy_from_logits(logits),
+            values=result['values'][:, context_length - 1:-1],
+        )

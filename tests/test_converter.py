@@ -23,7 +23,7 @@ import torch
 
 from lm_human_preferences.language import convert_tf, encodings, model, trained_models
 from lm_human_preferences.policy import Policy
-from lm_human_preferences.rewards import RewardModelTrainer
+from lm_human_preferences.rewards import RewardModelTrainer, TrainedRewardModel
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -446,3 +446,25 @@ def test_runs_without_tensorflow(tmp_path, shared_dir):
     env = dict(os.environ, LMHP_GPT2_ENCODING_DIR=str(shared_dir / 'gpt2-124M'))
     res = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, env=env, timeout=120)
     assert res.returncode == 0 and res.stdout.strip().endswith('OK'), res.stderr[-3000:]
+
+
+def test_released_run_dir_over_https(save_dirs):
+    """An original TF run served over https (as OpenAI's released runs/<task>/{reward_model,policy}) is
+    downloaded once and converted: the reward model scores with the checkpoint's weights."""
+    root = os.path.dirname(save_dirs['reward_dir'])
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=root)
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f'http://127.0.0.1:{server.server_port}/reward_model'
+        scorer = TrainedRewardModel(url, encodings.Test)
+        assert scorer.reward_gain.item() == pytest.approx(1.7)
+        assert_state_equal({f'model.{k}': v for k, v in scorer.model.state_dict().items()},
+                           {k: v for k, v in expected_state(save_dirs['reward'], 'reward_model').items()
+                            if k.startswith('model.')})
+        tm = trained_models.TrainedModel(f'http://127.0.0.1:{server.server_port}/policy/')
+        assert tm.encoding is encodings.Test and tm.checkpoint().endswith('model-7.safetensors')
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -47,8 +47,11 @@ class TrainedModel():
             self.encoding = encodings.Test
         else:
             # The original's default savedir was gs://gpt-2/models/<name>; a name that is a path is a
-            # local model dir.
-            self.savedir = savedir if savedir else (name if _is_path(name) else None)
+            # local model dir, and an https URL is an original TF run dir (e.g. OpenAI's released
+            # runs/descriptiveness/reward_model), downloaded once.
+            self.savedir = savedir if savedir else (name if _is_path(name) or gcs.is_url(name) else None)
+            if self.savedir is not None and gcs.is_url(self.savedir):
+                self.savedir = download_tf_model_dir(self.savedir)
             if self.savedir is not None and not os.path.isdir(self.savedir):
                 raise FileNotFoundError(f'model directory {self.savedir} does not exist')
             # The original always used Main for non-test models; we honour the dir's `encoding` file.
@@ -125,7 +128,32 @@ class TrainedModel():
 
 
 def _is_path(name):
-    return os.sep in name or name.startswith('.') or os.path.isdir(name)
+    return (os.sep in name or name.startswith('.') or os.path.isdir(name)) and not gcs.is_url(name)
+
+
+def download_tf_model_dir(url):
+    """Download an original TF model dir (`hparams.json`, `encoding`, `checkpoints/checkpoint` and the
+    checkpoint it names) from an https URL, e.g. a scope dir of OpenAI's released runs; return the local
+    dir. The original read these with gs:// paths; TF checkpoints written by one process are one shard.
+    Collective, as gcs.download_file_cached."""
+    url = url.rstrip('/')
+    cache_dir = os.path.join(gcs.saved_models_dir(), 'downloads')
+    local = os.path.dirname(gcs.download_file_cached(f'{url}/hparams.json', cache_dir=cache_dir))
+    for optional in ('encoding',):
+        try:
+            gcs.download_file_cached(f'{url}/{optional}', cache_dir=cache_dir)
+        except RuntimeError as e:
+            if '404' not in str(e):
+                raise
+    state = gcs.download_file_cached(f'{url}/checkpoints/checkpoint', cache_dir=cache_dir)
+    with open(state) as f:
+        m = re.search(r'^model_checkpoint_path:\s*"(.*)"\s*$', f.read(), re.MULTILINE)
+    if m is None:
+        raise ValueError(f'{url}/checkpoints/checkpoint has no model_checkpoint_path line')
+    prefix = os.path.basename(m.group(1))
+    for suffix in ('.index', '.data-00000-of-00001'):
+        gcs.download_file_cached(f'{url}/checkpoints/{prefix}{suffix}', cache_dir=cache_dir)
+    return local
 
 
 def load_hparams(file):

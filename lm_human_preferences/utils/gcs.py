@@ -127,6 +127,10 @@ def _download(url, dest, *, retries, backoff_s, timeout_s):
     raise RuntimeError(f'could not download {url}: {reason}')
 
 
+def is_url(path):
+    return isinstance(path, str) and '://' in path
+
+
 def download_file_cached(url, *, cache_dir=None, retries=4, backoff_s=1.0, timeout_s=60):
     """Return a local path holding the file at url, downloading it once into the cache.
 
@@ -135,7 +139,7 @@ def download_file_cached(url, *, cache_dir=None, retries=4, backoff_s=1.0, timeo
     contents never change. Collective when a torch.distributed group is initialised: every rank must
     call it; rank 0 downloads and the others use the file once it is in place.
     """
-    if '://' not in url:
+    if not is_url(url):
         if not os.path.exists(url):
             raise FileNotFoundError(f'{url} does not exist')
         return url

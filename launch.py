@@ -55,6 +55,15 @@ summarize_tldr_task = combos(
     bind('policy.initial_model', '124M'),
 )
 
+# Ours, not the original's: the original's tiny `test` model, encoding, dataset and labels, for a run that
+# finishes in seconds on a CPU (the original exercised them only from its pytest files).
+test_task = combos(
+    bind('query_length', 2),
+    bind('query_dataset', 'test'),
+    bind('response_length', 3),
+    bind('policy.initial_model', 'test'),
+)
+
 def get_train_reward_experiments():
     _shared = combos(
         bind('labels.type', 'best_of_4'),
@@ -119,7 +128,17 @@ def get_train_reward_experiments():
         bind('run.seed', 1)
     )
 
-    return dict(sentiment=sentiment, descriptiveness=descriptiveness, cnndm=cnndm, tldr=tldr)
+    test = combos(
+        bind_nested('task', test_task),
+        bind('labels.type', 'best_of_4'),
+        bind('labels.source', 'test'),
+        bind('labels.num_train', 16),
+        bind('batch_size', 8),
+        bind('rollout_batch_size', 8),
+        bind('run.log_interval', 1),
+    )
+
+    return dict(sentiment=sentiment, descriptiveness=descriptiveness, cnndm=cnndm, tldr=tldr, test=test)
 
 
 def get_experiments():
@@ -197,7 +216,19 @@ def get_experiments():
         bind('run.seed', 1)
     )
 
-    return dict(sentiment=sentiment, descriptiveness=descriptiveness, cnndm=cnndm, tldr=tldr)
+    test = combos(
+        bind_nested('task', test_task),
+        bind('rewards.train_new_model', 'on'),
+        bind_nested('rewards.train_new_model', train_reward_experiments['test']),
+        # 16 episodes a batch: with --mpi 2 each rank still whitens over 8 (the minimum PPOTrainer asserts).
+        bind('ppo.batch_size', 16),
+        bind('ppo.noptepochs', 1),
+        bind('ppo.total_episodes', 32),
+        bind('run.log_interval', 1),
+        bind('run.seed', 1),
+    )
+
+    return dict(sentiment=sentiment, descriptiveness=descriptiveness, cnndm=cnndm, tldr=tldr, test=test)
 
 
 def _get_trials(experiment_dict, command, exp):

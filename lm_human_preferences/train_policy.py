@@ -1,0 +1,513 @@
+#!/usr/bin/env python3
+"""Fine-tune a policy with PPO against a reward model (port of the original train_policy.py).
+
+One PPO batch (`PPOTrainer.step`), as the original:
+  1. rollout: sample queries, let the policy respond (untruncated), score the postprocessed
+     (truncated) responses with the reward model, penalize responses that fail the filter;
+  2. per-token rewards: -kl_coef * (logprob - ref_logprob), plus the score at the last token;
+  3. noptepochs epochs over nminibatches minibatches (fresh permutation each epoch): per minibatch,
+     whiten rewards (keeping the mean), GAE, whiten advantages, clipped policy and value losses,
+     one AdamTF step on the gradients averaged over ranks;
+  4. stats averaged over ranks, then the adaptive KL controller sees the averaged KL.
+
+The math is in small functions (compute_rewards, compute_advantages, ppo_loss) so tests can check it
+against numpy; PPOTrainer shows where each is used.
+"""
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+
+from lm_human_preferences import lm_tasks, train_reward
+from lm_human_preferences.language import trained_models
+from lm_human_preferences.policy import Policy
+from lm_human_preferences.rewards import TrainedRewardModel
+from lm_human_preferences.utils import core as utils
+from lm_human_preferences.utils import hyperparams
+
+
+@dataclass
+class AdaptiveKLParams(hyperparams.HParams):
+    target: float = None
+    horizon: int = 10000  # in episodes
+
+
+@dataclass
+class RewardHParams(hyperparams.HParams):
+    kl_coef: float = 0.2
+    adaptive_kl: Optional[AdaptiveKLParams] = None
+
+    trained_model: Optional[str] = None
+
+    train_new_model: Optional[train_reward.HParams] = None
+
+    def validate(self, *, prefix=''):
+        super().validate(prefix=prefix)
+        # The original asserted these; a ValueError names the keys.
+        if self.trained_model is not None and self.train_new_model is not None:
+            raise ValueError(f'Cannot use trained_model and train new model: set only one of '
+                             f'{prefix}trained_model and {prefix}train_new_model')
+        if self.trained_model is None and self.train_new_model is None:
+            raise ValueError(f'Need either trained_model or to train a new model: set '
+                             f'{prefix}trained_model or {prefix}train_new_model')
+
+
+@dataclass
+class PpoHParams(hyperparams.HParams):
+    total_episodes: int = 2000000
+    batch_size: int = 64
+    nminibatches: int = 1
+    noptepochs: int = 4
+    lr: float = 5e-6
+    vf_coef: float = .1
+    cliprange: float = .2
+    cliprange_value: float = .2
+    gamma: float = 1
+    lam: float = 0.95
+    whiten_rewards: bool = True
+
+
+@dataclass
+class HParams(hyperparams.HParams):
+    run: train_reward.RunHParams = field(default_factory=train_reward.RunHParams)
+
+    task: lm_tasks.TaskHParams = field(default_factory=lm_tasks.TaskHParams)
+    rewards: RewardHParams = field(default_factory=RewardHParams)
+    ppo: PpoHParams = field(default_factory=PpoHParams)
+
+    def validate(self, *, prefix=''):
+        super().validate(prefix=prefix)
+        # NOTE: must additionally divide by # ranks
+        minibatch_size = utils.exact_div(self.ppo.batch_size, self.ppo.nminibatches)
+        if self.ppo.whiten_rewards and minibatch_size < 8:
+            raise ValueError(f"Minibatch size {minibatch_size} (ppo.batch_size / ppo.nminibatches) is "
+                             f"insufficient for whitening in PPOTrainer.loss (needs >= 8)")
+
+
+def nupdates(hparams):
+    return utils.ceil_div(hparams.ppo.total_episodes, hparams.ppo.batch_size)
+
+
+def policy_frac(hparams, global_step):
+    """How far we are through policy training (the original read TF's global step variable)."""
+    return global_step / nupdates(hparams)
+
+
+class FixedKLController:
+    def __init__(self, kl_coef):
+        self.value = kl_coef
+
+    def update(self, current, n_steps):
+        pass
+
+
+class AdaptiveKLController:
+    def __init__(self, init_kl_coef, hparams):
+        self.value = init_kl_coef
+        self.hparams = hparams
+
+    def update(self, current, n_steps):
+        target = self.hparams.target
+        proportional_error = np.clip(float(current) / target - 1, -0.2, 0.2)
+        mult = 1 + proportional_error * n_steps / self.hparams.horizon
+        self.value = float(self.value * mult)
+
+
+# ---------------------------------------------------------------------------------------------------
+# PPO math, fp32 throughout (tests/test_ppo_math.py checks each against numpy).
+
+def compute_rewards(*, scores, logprobs, ref_logprobs, kl_coef):
+    """Per-token rewards: a KL penalty at every token, plus the score at the last token."""
+    kl = logprobs - ref_logprobs
+    non_score_reward = -kl_coef * kl
+    rewards = non_score_reward.clone()
+    rewards[:, -1] += scores
+    return rewards, non_score_reward
+
+
+def compute_advantages(*, rewards, values, gamma, lam, whiten_rewards):
+    """GAE on one minibatch. Returns (whitened advantages, returns); returns use the raw advantages."""
+    if whiten_rewards:
+        # shift_mean=False: normalize the scale but keep the mean reward.
+        rewards = utils.whiten(rewards, shift_mean=False)
+
+    lastgaelam = 0
+    advantages_reversed = []
+    gen_length = rewards.shape[1]
+    for t in reversed(range(gen_length)):
+        # The episode ends after the last response token: its next value is 0.
+        nextvalues = values[:, t + 1] if t < gen_length - 1 else 0.0
+        delta = rewards[:, t] + gamma * nextvalues - values[:, t]
+        lastgaelam = delta + gamma * lam * lastgaelam
+        advantages_reversed.append(lastgaelam)
+    advantages = torch.stack(advantages_reversed[::-1], dim=1)
+    returns = advantages + values  # value targets, from the advantages before whitening
+
+    advantages = utils.whiten(advantages)
+    return advantages.detach(), returns.detach()
+
+
+def ppo_loss(*, logprob, vpred, entropies, old_logprob, old_values, advantages, returns,
+             cliprange, cliprange_value, vf_coef):
+    """Clipped PPO policy loss + vf_coef * clipped value loss (no entropy bonus), and its stats."""
+    # Value loss, clipped around the old values: 0.5 * mean(max(unclipped^2, clipped^2)).
+    vpredclipped = torch.clamp(vpred, old_values - cliprange_value, old_values + cliprange_value)
+    vf_losses1 = torch.square(vpred - returns)
+    vf_losses2 = torch.square(vpredclipped - returns)
+    vf_loss = .5 * torch.mean(torch.maximum(vf_losses1, vf_losses2))
+    vf_clipfrac = torch.mean((vf_losses2 > vf_losses1).float())  # strict >, as tf.greater
+
+    # Policy loss: ratio of new to old (sampling-time) probabilities, clipped to 1 +- cliprange.
+    ratio = torch.exp(logprob - old_logprob)
+    pg_losses = -advantages * ratio
+    pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
+    pg_loss = torch.mean(torch.maximum(pg_losses, pg_losses2))
+    pg_clipfrac = torch.mean((pg_losses2 > pg_losses).float())
+
+    loss = pg_loss + vf_coef * vf_loss
+
+    entropy = torch.mean(entropies)
+    approxkl = .5 * torch.mean(torch.square(logprob - old_logprob))
+
+    # tf.nn.moments: mean and population variance over all elements.
+    return_mean, return_var = returns.mean(), returns.var(unbiased=False)
+    value_mean, value_var = old_values.mean(), old_values.var(unbiased=False)
+
+    stats = dict(
+        loss=dict(policy=pg_loss, value=vf_loss, total=loss),
+        policy=dict(entropy=entropy, approxkl=approxkl, clipfrac=pg_clipfrac),
+        returns=dict(mean=return_mean, var=return_var),
+        val=dict(vpred=torch.mean(vpred), error=torch.mean((vpred - returns) ** 2),
+                 clipfrac=vf_clipfrac, mean=value_mean, var=value_var)
+    )
+    stats = {k: v.detach().float() for k, v in utils.flatten_dict(stats, sep='/').items()}
+    return loss, stats
+
+
+class PPOTrainer:
+    def __init__(self, *, policy, ref_policy, query_sampler, score_fn, hparams):
+        self.policy = policy
+        self.ref_policy = ref_policy
+        self.score_fn = score_fn
+        self.hparams = hparams
+        self.device = utils.get_device()
+        self.bf16 = hparams.run.use_bf16()  # forward passes under bf16 autocast; all PPO math in fp32
+        # PPO batches done so far: the learning-rate schedule, logging and checkpoints count these.
+        self.global_step = 0
+
+        if hparams.rewards.adaptive_kl is None:
+            self.kl_ctl = FixedKLController(hparams.rewards.kl_coef)
+        else:
+            self.kl_ctl = AdaptiveKLController(hparams.rewards.kl_coef, hparams=hparams.rewards.adaptive_kl)
+
+        self.sample_queries = lambda: query_sampler()['tokens'].to(self.device)
+
+        # per rank sizes
+        self.per_rank_rollout_batch_size = utils.exact_div(hparams.ppo.batch_size, utils.get_world_size())
+        self.per_rank_minibatch_size = utils.exact_div(self.per_rank_rollout_batch_size, hparams.ppo.nminibatches)
+
+        # TF1's AdamOptimizer(epsilon=1e-5) (see AdamTF); the lr is set before every minibatch.
+        self.optimizer = utils.AdamTF(self.policy.parameters(), lr=hparams.ppo.lr, eps=1e-5)
+
+        save_dir = hparams.run.save_dir
+        self.summary_writer = utils.get_summary_writer(save_dir, subdir='ppo')
+        self.stats_jsonl = os.path.join(save_dir, 'train_policy_stats.jsonl') if save_dir else None
+        self.wandb_run = None  # set by train() when run.wandb is on
+        # elapsed/time and elapsed/fps (the original's tf_times): since start and since the last batch.
+        self.start_time = self.last_time = time.time()
+
+    def step(self):
+        """One PPO batch: rollout, rewards, noptepochs of minibatch updates, stats, KL controller."""
+        hparams = self.hparams
+        step_started_at = time.time()
+
+        # Rollout (no gradients). The policy's sampling-time logprobs and values are the "old" ones.
+        queries = self.sample_queries()
+        with torch.no_grad(), utils.autocast(self.bf16):
+            rollouts = self.policy.respond(queries, length=hparams.task.response_length)
+            responses = rollouts['responses']
+            ref_logprobs = self.ref_policy.analyze_responses(queries, responses)['logprobs']
+            # Scored: the postprocessed (truncated) responses; PPO trains on the untruncated ones.
+            scores, postprocessed_responses, score_stats = self.score_fn(queries, responses)
+        logprobs = rollouts['logprobs'].float()
+        ref_logprobs = ref_logprobs.float()
+        scores = scores.float()
+        score_stats = {k: v.float() for k, v in score_stats.items()}
+
+        # KL-penalized per-token rewards with this batch's KL coefficient.
+        kl_coef = self.kl_ctl.value
+        rewards, non_score_reward = compute_rewards(
+            scores=scores, logprobs=logprobs, ref_logprobs=ref_logprobs, kl_coef=kl_coef)
+
+        train_stats = self.train(rollouts=dict(
+            queries=queries,
+            responses=responses,
+            values=rollouts['values'].float(),
+            logprobs=logprobs,
+            rewards=rewards,
+        ))
+
+        stats = self.record_step_stats(
+            scores=scores, logprobs=logprobs, ref_logprobs=ref_logprobs, non_score_reward=non_score_reward,
+            train_stats=train_stats, score_stats=score_stats, kl_coef=kl_coef)
+
+        # Adaptive KL: once per batch, from the KL averaged over all ranks; n_steps = the global batch.
+        self.kl_ctl.update(stats['objective/kl'], hparams.ppo.batch_size)
+
+        self.print_samples(queries=queries, responses=postprocessed_responses,
+                           scores=scores, logprobs=logprobs, ref_logprobs=ref_logprobs)
+
+        # Record profiles of the step times
+        step_time = time.time() - step_started_at
+        eps_per_second = float(hparams.ppo.batch_size) / step_time
+        if utils.is_root():
+            print(f"[ppo_step {self.global_step}] step_time={step_time:.2f}s, "
+                  f"eps/s={eps_per_second:.2f}")
+        return stats
+
+    def train(self, rollouts):
+        """noptepochs epochs over this rank's rollouts in nminibatches minibatches."""
+        stat_list = []
+        for ppo_epoch_idx in range(self.hparams.ppo.noptepochs):
+            # A fresh shuffle each epoch from numpy's global RNG, as the original (seeded per rank by
+            # set_mpi_seed, so each rank draws its own order of its own rollouts).
+            order = np.random.permutation(self.per_rank_rollout_batch_size)
+            for mb_start in range(0, self.per_rank_rollout_batch_size, self.per_rank_minibatch_size):
+                mb_indices = torch.from_numpy(order[mb_start:mb_start + self.per_rank_minibatch_size]).to(self.device)
+                mb_data = {k: v[mb_indices] for k, v in rollouts.items()}
+                stat_list.append(self.train_minibatch(mb_data))
+        # Collect the stats. (They will be averaged later.)
+        return {k: torch.stack([s[k] for s in stat_list]) for k in stat_list[0].keys()}
+
+    def train_minibatch(self, rollouts):
+        """One step of PPO training."""
+        # Linear lr decay by PPO batch: constant within a batch's epochs and minibatches.
+        lrnow = self.hparams.ppo.lr * (1 - policy_frac(self.hparams, self.global_step))
+        for group in self.optimizer.param_groups:
+            group['lr'] = lrnow
+
+        ppo_loss_value, stats = self.loss(rollouts)
+        self.optimizer.zero_grad(set_to_none=True)
+        ppo_loss_value.backward()
+        # Average the gradients over ranks (the original's MPI allreduce in `minimize`); every rank then
+        # applies the same update, so the ranks' policies stay identical. No gradient clipping.
+        utils.average_gradients(list(self.policy.parameters()))
+        self.optimizer.step()
+        return stats
+
+    def loss(self, rollouts):
+        ppo = self.hparams.ppo
+        values = rollouts['values']
+        old_logprob = rollouts['logprobs']
+        # Per minibatch and per rank, as the original: reward whitening, GAE, advantage whitening.
+        advantages, returns = compute_advantages(
+            rewards=rollouts['rewards'], values=values, gamma=ppo.gamma, lam=ppo.lam,
+            whiten_rewards=ppo.whiten_rewards)
+
+        with utils.autocast(self.bf16):
+            outputs = self.policy.analyze_responses(rollouts['queries'], rollouts['responses'])
+
+        return ppo_loss(
+            logprob=outputs['logprobs'].float(), vpred=outputs['values'].float(),
+            entropies=outputs['entropies'].float(), old_logprob=old_logprob, old_values=values,
+            advantages=advantages, returns=returns,
+            cliprange=ppo.cliprange, cliprange_value=ppo.cliprange_value, vf_coef=ppo.vf_coef)
+
+    def record_step_stats(self, *, kl_coef, scores, logprobs, ref_logprobs, non_score_reward,
+                          score_stats, train_stats):
+        """Stats of this batch averaged over ranks, logged (table, TensorBoard, jsonl, wandb); returns them."""
+        hparams = self.hparams
+        kl = logprobs - ref_logprobs
+        mean_kl = torch.mean(torch.sum(kl, dim=1))
+        mean_entropy = torch.mean(torch.sum(-logprobs, dim=1))  # sampled logprobs: a one-sample estimate
+        mean_non_score_reward = torch.mean(torch.sum(non_score_reward, dim=1))
+        stats = {
+            'objective/kl': mean_kl,
+            'objective/kl_coef': torch.tensor(kl_coef, dtype=torch.float32, device=mean_kl.device),
+            'objective/entropy': mean_entropy,
+        }
+        for k, v in train_stats.items():
+            stats[f'ppo/{k}'] = torch.mean(v, dim=0)
+        for k, v in score_stats.items():
+            mean = torch.mean(v, dim=0)
+            stats[f'objective/{k}'] = mean
+            stats[f'objective/{k}_total'] = mean + mean_non_score_reward
+
+        stats = utils.FlatStats.from_dict(stats).map_flat(utils.mpi_allreduce_mean).as_dict()
+        stats = {k: v.item() for k, v in stats.items()}
+
+        # Add more statistics (from the averaged ones)
+        step = self.global_step
+        stats['ppo/val/var_explained'] = 1 - stats['ppo/val/error'] / stats['ppo/returns/var']
+        steps = step + 1
+        stats.update({
+            'elapsed/updates': steps,
+            'elapsed/steps/serial': steps * hparams.task.response_length,
+            'elapsed/steps/total': steps * hparams.ppo.batch_size * hparams.task.response_length,
+            'elapsed/episodes': steps * hparams.ppo.batch_size,
+        })
+
+        # Time statistics
+        now = time.time()
+        total, delta = now - self.start_time, now - self.last_time
+        self.last_time = now
+        stats.update({
+            'elapsed/fps': int(hparams.ppo.batch_size * hparams.task.response_length / delta),
+            'elapsed/time': total,
+        })
+
+        # The original logged only on rank 0 with a save_dir (where its summary writer existed); we
+        # always print the table on rank 0 every log_interval batches.
+        stats = utils.record_stats(stats=stats, summary_writer=self.summary_writer, step=step,
+                                   log_interval=hparams.run.log_interval, jsonl_path=self.stats_jsonl)
+        if self.wandb_run is not None:
+            self.wandb_run.log(stats, step=step)
+        return stats
+
+    def print_samples(self, queries, responses, scores, logprobs, ref_logprobs):
+        if not utils.is_root():
+            return
+        if self.global_step % self.hparams.run.log_interval != 0:
+            return
+
+        encoder = self.policy.encoder
+
+        # Log samples
+        for i in range(min(3, len(queries))):
+            sample_kl = torch.sum(logprobs[i] - ref_logprobs[i]).item()
+            score = scores[i].item()
+            print(encoder.decode(queries[i][:self.hparams.task.query_length].tolist()).replace("\n", "⏎"))
+            print(encoder.decode(responses[i].tolist()).replace("\n", "⏎"))
+            print(f"  score = {score:+.2f}")
+            print(f"  kl = {sample_kl:+.2f}")
+            # As the original: the initial kl_coef, not the adaptive controller's current value.
+            print(f"  total = {score - self.hparams.rewards.kl_coef * sample_kl:+.2f}")
+
+
+def make_score_fn(hparams, score_model):
+    """score_fn(queries, responses) -> (scores, postprocessed responses, stats): the reward model on
+    the postprocessed responses; a response that fails the filter gets exactly penalty_reward_value."""
+    padding_token = score_model.padding_token
+
+    postprocess = lm_tasks.postprocess_fn_from_hparams(hparams, padding_token)
+    filter_fn = lm_tasks.filter_fn_from_hparams(hparams)
+
+    def penalize(responses, rewards):
+        valid = filter_fn(responses)
+        return torch.where(valid, rewards, torch.full_like(rewards, hparams.penalty_reward_value))
+
+    def score_fn(queries, responses):
+        responses = postprocess(responses)
+        score = penalize(responses, score_model.score_fn(queries, responses))
+        return score, responses, dict(score=score)
+    return score_fn
+
+
+def train(hparams: HParams):
+    save_dir = hparams.run.save_dir
+    if hparams.rewards.train_new_model:
+        if hparams.task != hparams.rewards.train_new_model.task:
+            raise ValueError(f'rewards.train_new_model.task must equal task: '
+                             f'{hparams.rewards.train_new_model.task} != {hparams.task}')
+        # The original then loaded the new reward model from <save_dir>/reward_model (and, under pytest,
+        # swapped in a random 'test' reward model); we always load the one just trained.
+        if not save_dir:
+            raise ValueError('rewards.train_new_model needs run.save_dir: the reward model is trained into '
+                             '<save_dir>/reward_model and loaded from there')
+        hparams.rewards.train_new_model.run.save_dir = save_dir
+        train_reward.train(hparams.rewards.train_new_model)
+        # Rank 0 saved the reward model; broadcasting its path makes every rank wait for that.
+        hparams.rewards.trained_model = utils.mpi_bcast(os.path.join(save_dir, 'reward_model'))
+
+    if utils.is_root():
+        hyperparams.dump(hparams)
+
+    m = trained_models.TrainedModel(hparams.task.policy.initial_model)
+    encoder = m.encoding.get_encoder()
+    if utils.is_root():
+        hyperparams.dump(m.hparams(), name='model_hparams')
+
+    policy_dir = os.path.join(save_dir, 'policy') if save_dir else None
+    if save_dir and utils.is_root():
+        os.makedirs(policy_dir, exist_ok=True)
+        hyperparams.save_json(hparams, os.path.join(save_dir, 'train_policy_hparams.json'))
+    utils.set_mpi_seed(hparams.run.seed)
+
+    device = utils.get_device()
+    score_model = TrainedRewardModel(hparams.rewards.trained_model, m.encoding).to(device)
+
+    ref_policy = Policy(
+        m, scope='ref_policy',
+        embed_queries=lm_tasks.query_formatter(hparams.task, encoder),
+        temperature=hparams.task.policy.temperature).to(device)
+
+    policy = Policy(
+        m, scope='policy',
+        embed_queries=lm_tasks.query_formatter(hparams.task, encoder),
+        temperature=hparams.task.policy.temperature).to(device)
+
+    # Only the policy is trained.
+    score_model.requires_grad_(False)
+    ref_policy.requires_grad_(False)
+
+    query_sampler = lm_tasks.make_query_sampler(
+        hparams=hparams.task, encoder=encoder,
+        batch_size=utils.exact_div(hparams.ppo.batch_size, utils.get_world_size()),
+    )
+
+    per_rank_minibatch_size = utils.exact_div(hparams.ppo.batch_size, hparams.ppo.nminibatches * utils.get_world_size())
+    if hparams.ppo.whiten_rewards and per_rank_minibatch_size < 8:
+        raise ValueError(f"Per-rank minibatch size {per_rank_minibatch_size} is insufficient for whitening "
+                         f"(ppo.batch_size / (ppo.nminibatches * ranks) must be >= 8)")
+
+    ppo_trainer = PPOTrainer(
+        policy=policy, ref_policy=ref_policy, query_sampler=query_sampler,
+        score_fn=make_score_fn(hparams.task, score_model=score_model),
+        hparams=hparams)
+
+    if utils.is_root() and save_dir:
+        print(f"Will save to {save_dir}")
+    if hparams.run.wandb and utils.is_root():
+        ppo_trainer.wandb_run = _wandb_init(hparams)
+
+    # sync_models: every rank starts from rank 0's weights (for random 'test' models they differ).
+    utils.sync_params(list(score_model.parameters()) + list(ref_policy.parameters()) + list(policy.parameters()))
+
+    saved_step = None
+
+    def save():
+        nonlocal saved_step
+        if save_dir and utils.is_root() and saved_step != ppo_trainer.global_step:
+            trained_models.save_checkpoint(policy_dir, ppo_trainer.global_step, policy,
+                                           hparams=m.hparams(), encoding=m.encoding)
+            saved_step = ppo_trainer.global_step
+
+    try:
+        while ppo_trainer.global_step < nupdates(hparams):
+            ppo_trainer.step()
+            ppo_trainer.global_step += 1
+
+            if ppo_trainer.global_step % hparams.run.save_interval == 0:
+                save()
+    finally:
+        save()
+        if ppo_trainer.summary_writer is not None:
+            ppo_trainer.summary_writer.close()
+        if ppo_trainer.wandb_run is not None:
+            ppo_trainer.wandb_run.finish()
+
+
+def _wandb_init(hparams):
+    """Ours: a Weights & Biases run logging the same stats as TensorBoard (WANDB_MODE=offline works
+    without an account). wandb is optional, so it is imported only here."""
+    try:
+        import wandb
+    except ImportError:
+        raise ImportError('run.wandb is on but the wandb package is not installed (pip install wandb)') from None
+    save_dir = hparams.run.save_dir
+    return wandb.init(project=hparams.run.wandb_project, config=hparams.to_nested_dict(), dir=save_dir,
+                      name=os.path.basename(os.path.normpath(save_dir)) if save_dir else None)

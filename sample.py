@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Print samples from a trained policy (port of the original sample.py).
+
+    python sample.py sample --save_dir DIR [--savescope policy] [--nsamples N] [--temperature T]
+                            [--batch_size B] [--seed S] [--mpi N]
+
+DIR is a train_policy save dir: ours (train_policy_hparams.json + policy/) or an original TF run's
+(same layout, TF checkpoints under policy/checkpoints/, converted on first use). Queries come from the
+task's test split. nsamples 0 (the default, as the original) samples forever.
+"""
+
+import os
+from functools import partial
+
+import torch
+
+from lm_human_preferences import lm_tasks, train_policy
+from lm_human_preferences.language import trained_models
+from lm_human_preferences.policy import Policy
+from lm_human_preferences.utils import core as utils
+from lm_human_preferences.utils import hyperparams, launch
+
+
+def sample_policy(save_dir=None, savescope='policy', temperature=1.0, seed=None, batch_size=4, nsamples=0):
+    hparams = train_policy.HParams()
+    hparams.override_from_json_file(os.path.join(save_dir, 'train_policy_hparams.json'))
+    print('hparams', hparams)
+    task = hparams.task
+
+    nsamples_per_rank = utils.exact_div(nsamples, utils.get_world_size())
+    # savescope picks the model inside an original TF checkpoint (which held policy, ref_policy and
+    # reward_model); the original accepted it but always loaded 'policy'.
+    m = trained_models.TrainedModel(name='sample', savedir=os.path.join(save_dir, 'policy'), scope=savescope)
+    encoder = m.encoding.get_encoder()
+    hyperparams.dump(m.hparams(), name='model_hparams')
+
+    utils.set_mpi_seed(seed)
+
+    policy = Policy(
+        m, scope='policy',
+        embed_queries=lm_tasks.query_formatter(task, encoder),
+        temperature=temperature,
+    ).to(utils.get_device())
+
+    query_sampler = lm_tasks.make_query_sampler(
+        hparams=task, encoder=encoder, batch_size=batch_size, mode='test'
+    )
+
+    generated = 0
+    while nsamples_per_rank == 0 or generated < nsamples_per_rank:
+        queries = query_sampler()['tokens']
+        with torch.no_grad(), utils.autocast(hparams.run.use_bf16()):
+            rollouts = policy.respond(queries, length=task.response_length)
+        assert len(queries.tolist()) == batch_size
+        assert len(rollouts['responses'].tolist()) == batch_size
+        for q, r in zip(queries.tolist(), rollouts['responses'].tolist()):
+            print('=' * 80)
+            print(encoder.decode(q).replace("\n", "⏎"))
+            print(encoder.decode(r).replace("\n", "⏎"))
+        generated += batch_size
+
+
+def _check_save_dir(save_dir, savescope):
+    """One-line errors (launch.ConfigError) for a save dir we cannot sample from."""
+    if save_dir is None:
+        raise launch.ConfigError('sample needs --save_dir DIR (a train_policy save dir)')
+    if not os.path.isdir(save_dir):
+        raise launch.ConfigError(f'save dir {save_dir} does not exist')
+    hparams_path = os.path.join(save_dir, 'train_policy_hparams.json')
+    if not os.path.isfile(hparams_path):
+        raise launch.ConfigError(f'{hparams_path} does not exist (is {save_dir} a train_policy save dir?)')
+    policy_dir = os.path.join(save_dir, 'policy')
+    if not os.path.isdir(policy_dir):
+        raise launch.ConfigError(f'{policy_dir} does not exist (no policy was saved in {save_dir})')
+    if savescope != 'policy' and trained_models.latest_checkpoint(policy_dir) is not None:
+        raise launch.ConfigError(f'--savescope {savescope}: {policy_dir} is one of our checkpoints, which '
+                                 f'hold only the policy (other scopes exist only in original TF checkpoints)')
+
+
+def _parse(name, value, parse):
+    # launch.main passes options whose default is not an int or bool as strings.
+    if value is None or not isinstance(value, str):
+        return value
+    try:
+        return parse(value)
+    except ValueError:
+        raise launch.ConfigError(f'option --{name}: invalid value {value!r}') from None
+
+
+def launch_sample(save_dir=None, savescope='policy', temperature=1.0, seed=None, batch_size=4, nsamples=0, mpi=1):
+    # The original defaulted to mpi=8 (MPI ranks); one process is the sensible default here.
+    _check_save_dir(save_dir, savescope)
+    kwargs = dict(save_dir=save_dir, savescope=savescope, temperature=_parse('temperature', temperature, float),
+                  seed=_parse('seed', seed, int), batch_size=batch_size, nsamples=nsamples)
+    if nsamples % mpi:
+        raise launch.ConfigError(f'--nsamples {nsamples} must be a multiple of --mpi {mpi}')
+    launch.launch('sample', partial(sample_policy, **kwargs), mpi=mpi)
+
+
+# A dict of commands, as the original (launch.main is its fire-like command line).
+COMMANDS = dict(
+    sample=launch_sample,
+)
+
+if __name__ == '__main__':
+    launch.main(COMMANDS)

@@ -1,0 +1,143 @@
+"""sample.py: samples from a train_policy save dir of ours (command line, in a subprocess) and from an
+original TF run dir (converted on the fly), and one-line errors for dirs it cannot use."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from lm_human_preferences import train_policy
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SEPARATOR = '=' * 80
+
+
+@pytest.fixture(scope='module')
+def sample_cli():
+    # The top-level script, under a name that cannot clash with lm_human_preferences.language.sample.
+    spec = importlib.util.spec_from_file_location('sample_cli', REPO_ROOT / 'sample.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: thread start-up would dominate
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope='module')
+def run_dir(tmp_path_factory):
+    """A finished train_policy run of the `test` model, with its save dir."""
+    save_dir = tmp_path_factory.mktemp('sample') / 'run'
+    hparams = train_policy.HParams()
+    hparams.override_from_dict({
+        'task.policy.initial_model': 'test', 'task.query_dataset': 'test', 'task.query_length': 2,
+        'task.response_length': 3, 'task.query_prefix': 'a', 'rewards.trained_model': 'test',
+        'ppo.batch_size': 8, 'ppo.noptepochs': 1, 'ppo.total_episodes': 8, 'run.save_dir': str(save_dir)})
+    hparams.validate()
+    train_policy.train(hparams)
+    return save_dir
+
+
+def parse_samples(out):
+    """[(query, response)] from sample.py's output: each sample is a separator line, query, response."""
+    lines = out.splitlines()
+    return [(lines[i + 1], lines[i + 2]) for i, line in enumerate(lines) if line == SEPARATOR]
+
+
+def run_sample(*args):
+    return subprocess.run([sys.executable, str(REPO_ROOT / 'sample.py'), 'sample', *args],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_samples_from_our_save_dir(run_dir):
+    proc = run_sample('--save_dir', str(run_dir), '--nsamples', '4', '--batch_size', '2', '--seed', '3',
+                      '--temperature', '0.7')
+    assert proc.returncode == 0, proc.stderr
+    samples = parse_samples(proc.stdout)
+    assert len(samples) == 4
+    for query, response in samples:
+        # The raw query (2 tokens of the test encoding; its padding decodes to ''), without the 'a'
+        # prefix the policy sees, and 3 response tokens.
+        assert 1 <= len(query) <= 2 and set(query) <= set('abcdefghijklmnopqrstuvwxyz.')
+        assert len(response) == 3 and set(response) <= set('abcdefghijklmnopqrstuvwxyz.')
+
+
+def test_sampling_is_seeded(run_dir, sample_cli, capsys):
+    outs = []
+    for _ in range(2):
+        sample_cli.sample_policy(save_dir=str(run_dir), seed=5, batch_size=4, nsamples=8)
+        outs.append(parse_samples(capsys.readouterr().out))
+    assert len(outs[0]) == 8 and outs[0] == outs[1]
+
+
+def test_missing_save_dir_is_one_line_error(tmp_path):
+    missing = tmp_path / 'nope'
+    proc = run_sample('--save_dir', str(missing), '--nsamples', '2')
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [f'error: save dir {missing} does not exist']
+    assert SEPARATOR not in proc.stdout
+
+
+def test_other_errors_name_the_path(tmp_path, run_dir, sample_cli, capsys):
+    def error(argv):
+        with pytest.raises(SystemExit) as e:
+            sample_cli.launch.main(sample_cli.COMMANDS, argv=['sample', *argv])
+        assert e.value.code != 0
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        return err[0]
+
+    assert str(tmp_path / 'train_policy_hparams.json') in error(['--save_dir', str(tmp_path)])
+    assert 'needs --save_dir' in error([])
+    (tmp_path / 'train_policy_hparams.json').write_text('{}')
+    assert str(tmp_path / 'policy') in error(['--save_dir', str(tmp_path)])
+    assert "invalid value 'hot'" in error(['--save_dir', str(run_dir), '--temperature', 'hot'])
+    assert 'hold only the policy' in error(['--save_dir', str(run_dir), '--savescope', 'ref_policy'])
+
+
+def test_samples_from_an_original_tf_run_dir(tmp_path, sample_cli, capsys, monkeypatch):
+    tf = pytest.importorskip('tensorflow')
+    from test_converter import expected_state, write_original_save_dirs
+    # The original's train_policy save dir: policy/ (hparams.json, encoding, checkpoints/model.ckpt-7
+    # holding policy, ref_policy and the score model) and train_policy_hparams.json with the
+    # original's fields only.
+    dirs = write_original_save_dirs(tf, str(tmp_path / 'save'), np.random.RandomState(0))
+    original_hparams = dict(
+        run=dict(seed=1, log_interval=10, save_interval=50, save_dir=str(tmp_path / 'save')),
+        task=dict(query_length=2, query_dataset='test', query_prefix='', query_suffix='', start_text='.',
+                  end_text=None, response_length=3, truncate_token=None, truncate_after=0,
+                  penalty_reward_value=-1, policy=dict(temperature=0.7, initial_model='test')),
+        rewards=dict(kl_coef=0.15, adaptive_kl=dict(target=6.0, horizon=10000), trained_model='/x/reward_model',
+                     train_new_model=None),
+        ppo=dict(total_episodes=8, batch_size=8, nminibatches=1, noptepochs=4, lr=1e-5, vf_coef=0.1, cliprange=0.2,
+                 cliprange_value=0.2, gamma=1, lam=0.95, whiten_rewards=True))
+    (tmp_path / 'save' / 'train_policy_hparams.json').write_text(json.dumps(original_hparams, indent=2))
+
+    policies = []
+
+    class RecordingPolicy(sample_cli.Policy):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            policies.append(self)
+    monkeypatch.setattr(sample_cli, 'Policy', RecordingPolicy)
+
+    for scope in ('policy', 'ref_policy'):
+        sample_cli.launch.main(sample_cli.COMMANDS, argv=[
+            'sample', '--save_dir', str(tmp_path / 'save'), '--nsamples', '2', '--batch_size', '2',
+            '--savescope', scope])
+        assert len(parse_samples(capsys.readouterr().out)) == 2
+        # The scope's weights were loaded (converted from the TF checkpoint).
+        state = {k: v.numpy() for k, v in policies[-1].state_dict().items()}
+        expected = expected_state(dirs[scope], scope)
+        assert sorted(state) == sorted(expected)
+        for k, v in expected.items():
+            np.testing.assert_array_equal(state[k], v, err_msg=k)

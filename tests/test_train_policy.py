@@ -1,0 +1,380 @@
+"""train_policy: every case of the original's test_train_policy.py on the `test` model, plus checks of
+PPOTrainer's wiring on small stand-ins (stats, KL controller, minibatching, lr schedule, score_fn) and
+of what a run writes (checkpoints, hparams, stats jsonl, TensorBoard, wandb offline)."""
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from lm_human_preferences import lm_tasks, train_policy
+from lm_human_preferences.language import trained_models
+from lm_human_preferences.policy import Policy
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # The `test` model is tiny: one thread avoids thread start-up costs that dominate its matmuls.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+STAT_NAMES = sorted([
+    'objective/kl', 'objective/kl_coef', 'objective/entropy', 'objective/score', 'objective/score_total',
+    'ppo/loss/policy', 'ppo/loss/value', 'ppo/loss/total',
+    'ppo/policy/entropy', 'ppo/policy/approxkl', 'ppo/policy/clipfrac',
+    'ppo/returns/mean', 'ppo/returns/var',
+    'ppo/val/vpred', 'ppo/val/error', 'ppo/val/clipfrac', 'ppo/val/mean', 'ppo/val/var', 'ppo/val/var_explained',
+    'elapsed/updates', 'elapsed/steps/serial', 'elapsed/steps/total', 'elapsed/episodes', 'elapsed/fps',
+    'elapsed/time',
+])
+
+
+# ---------------------------------------------------------------------------------------------------
+# The original's test_train_policy.py
+
+def hparams_for_test():
+    hparams = train_policy.HParams()
+    hparams.ppo.batch_size = 8
+    # The original set `hparams.noptepochs = 1`, a field HParams does not have (a silent no-op on a
+    # dataclass); the value it meant is ppo.noptepochs, which keeps the test fast.
+    hparams.ppo.noptepochs = 1
+    hparams.task.policy.initial_model = 'test'
+    hparams.task.query_length = 2
+    hparams.task.response_length = 3
+    hparams.task.query_dataset = 'test'
+    hparams.rewards.trained_model = 'test'
+    hparams.ppo.total_episodes = 8
+    hparams.run.log_interval = 1
+
+    return hparams
+
+
+def train_policy_test(override_params):
+    hparams = hparams_for_test()
+    hparams.override_from_dict(override_params)
+    hparams.validate()
+    train_policy.train(hparams=hparams)
+    return hparams
+
+
+def test_truncation(capsys):
+    train_policy_test({
+        'task.truncate_token': 13,
+        'task.truncate_after': 2,
+    })
+    lines = capsys.readouterr().out.splitlines()
+    samples = [(lines[i - 1], lines[i]) for i, line in enumerate(lines) if line.startswith('  score = ')]
+    assert len(samples) == 3
+    for response, score in samples:
+        # Token 13 is 'n' in the test encoding; a response without one at index >= 2 fails the filter
+        # and scores exactly the penalty.
+        if 'n' not in response[2:]:
+            assert score == '  score = -1.00'
+
+
+def test_defaults(capsys):
+    train_policy_test({})
+    out = capsys.readouterr().out
+    # print_samples (3 samples at log_interval 1) and the step time line, as the original.
+    assert out.count('  score = ') == 3 and out.count('  kl = ') == 3 and out.count('  total = ') == 3
+    assert '[ppo_step 0] step_time=' in out
+    for name in STAT_NAMES:
+        assert f'| {name} ' in out
+
+
+def test_affixing():
+    train_policy_test({
+        'task.query_prefix': 'a',
+        'task.query_suffix': 'b'
+    })
+
+
+def test_adaptive_kl():
+    train_policy_test({
+        'rewards.trained_model': 'test', # not sure why needed
+        'rewards.adaptive_kl': 'on',
+        'rewards.adaptive_kl.target': 3.0,
+        'rewards.adaptive_kl.horizon': 100,
+    })
+
+
+def test_save(tmp_path):
+    save_dir = str(tmp_path / 'run')
+    hparams = train_policy_test({
+        'run.save_dir': save_dir,
+        'run.save_interval': 1,
+        'ppo.total_episodes': 16,  # two updates: a checkpoint after each
+    })
+    run = Path(save_dir)
+    saved = train_policy.HParams()
+    saved.override_from_json_file(str(run / 'train_policy_hparams.json'))
+    assert saved.to_nested_dict() == hparams.to_nested_dict() and saved.ppo.total_episodes == 16
+    assert json.loads((run / 'policy' / 'encoding').read_text()) == 'test'
+    assert json.loads((run / 'policy' / 'hparams.json').read_text())['n_embd'] == 7
+    ckpts = sorted(p.name for p in (run / 'policy' / 'checkpoints').iterdir())
+    assert ckpts == ['model-1.safetensors', 'model-2.safetensors']
+    s1 = trained_models.load_checkpoint(str(run / 'policy' / 'checkpoints' / 'model-1.safetensors'))
+    s2 = trained_models.load_checkpoint(str(run / 'policy'))
+    assert set(s1) == set(s2) and 'model.heads.value.w' in s1
+    assert any(not torch.equal(s1[k], s2[k]) for k in s1)  # the second update changed the weights
+    # The checkpoint loads into a policy through trained_models, as sample.py does.
+    m = trained_models.TrainedModel('sample', savedir=str(run / 'policy'), scope='policy')
+    policy = Policy(m, scope='policy')
+    assert torch.equal(policy.model.wte.detach(), s2['model.wte'])
+
+    # Stats: one jsonl line per update with every original name; TensorBoard event files.
+    lines = [json.loads(l) for l in (run / 'train_policy_stats.jsonl').read_text().splitlines()]
+    assert [l['step'] for l in lines] == [0, 1]
+    assert sorted(k for k in lines[0] if k != 'step') == STAT_NAMES
+    assert lines[1]['elapsed/updates'] == 2 and lines[1]['elapsed/episodes'] == 16
+    assert list((run / 'tb' / 'ppo').glob('events.out.tfevents.*'))
+
+
+REWARD_TRAINING = {
+    'rewards.trained_model': None,
+    'rewards.train_new_model': 'on',
+    'rewards.train_new_model.task.policy.initial_model': 'test',
+    'rewards.train_new_model.task.query_length': 2,
+    'rewards.train_new_model.task.response_length': 3,
+    'rewards.train_new_model.task.query_dataset': 'test',
+    'rewards.train_new_model.labels.source': 'test',
+    'rewards.train_new_model.labels.num_train': 16,
+    'rewards.train_new_model.batch_size': 8,
+    'rewards.train_new_model.labels.type': 'best_of_4',
+}
+
+
+def test_reward_training(tmp_path):
+    # The original ran this without a save dir and, under pytest only, swapped the new reward model
+    # for a random 'test' one. Here the reward model really is trained into <save_dir>/reward_model
+    # and the policy trains against it.
+    save_dir = tmp_path / 'run'
+    hparams = train_policy_test({'run.save_dir': str(save_dir), **REWARD_TRAINING})
+    reward_dir = save_dir / 'reward_model'
+    assert hparams.rewards.trained_model == str(reward_dir)
+    assert trained_models.latest_checkpoint(str(reward_dir)) is not None
+    assert (save_dir / 'train_reward_hparams.json').is_file()
+    assert trained_models.latest_checkpoint(str(save_dir / 'policy')) is not None
+
+
+def test_reward_training_needs_the_same_task_and_a_save_dir(tmp_path):
+    hparams = hparams_for_test()
+    hparams.override_from_dict({**REWARD_TRAINING, 'rewards.train_new_model.task.query_length': 5})
+    with pytest.raises(ValueError, match='train_new_model.task must equal task'):
+        train_policy.train(hparams)
+    hparams.rewards.train_new_model.task.query_length = 2
+    with pytest.raises(ValueError, match='needs run.save_dir'):
+        train_policy.train(hparams)
+
+
+def test_rewards_validate_exactly_one_model():
+    hparams = hparams_for_test()
+    hparams.override_from_dict({**REWARD_TRAINING, 'rewards.trained_model': 'test'})
+    with pytest.raises(ValueError, match='Cannot use trained_model and train new model'):
+        hparams.rewards.validate(prefix='rewards.')
+    hparams.override_from_dict({'rewards.trained_model': None, 'rewards.train_new_model': 'off'})
+    with pytest.raises(ValueError, match='Need either trained_model or to train a new model'):
+        hparams.rewards.validate(prefix='rewards.')
+
+
+def test_validate_minibatch_size_for_whitening():
+    hparams = hparams_for_test()
+    hparams.ppo.nminibatches = 2  # minibatches of 4 < 8
+    with pytest.raises(ValueError, match='insufficient for whitening'):
+        hparams.validate()
+    hparams.ppo.whiten_rewards = False
+    hparams.validate()
+
+
+def test_defaults_match_the_original():
+    ppo = train_policy.PpoHParams()
+    assert (ppo.total_episodes, ppo.batch_size, ppo.nminibatches, ppo.noptepochs, ppo.lr, ppo.vf_coef,
+            ppo.cliprange, ppo.cliprange_value, ppo.gamma, ppo.lam, ppo.whiten_rewards) == \
+        (2000000, 64, 1, 4, 5e-6, .1, .2, .2, 1, 0.95, True)
+    rewards = train_policy.RewardHParams()
+    assert (rewards.kl_coef, rewards.adaptive_kl, rewards.trained_model, rewards.train_new_model) == \
+        (0.2, None, None, None)
+    kl = train_policy.AdaptiveKLParams()
+    assert (kl.target, kl.horizon) == (None, 10000)
+
+
+def test_wandb_offline(tmp_path, monkeypatch):
+    wandb = pytest.importorskip('wandb')
+    monkeypatch.setenv('WANDB_MODE', 'offline')
+    monkeypatch.setenv('WANDB_DIR', str(tmp_path))
+    monkeypatch.setenv('WANDB_SILENT', 'true')
+    save_dir = tmp_path / 'run'
+    train_policy_test({'run.save_dir': str(save_dir), 'run.wandb': True})
+    assert wandb.run is None  # finished
+    runs = list(save_dir.glob('wandb/offline-run-*/run-*.wandb'))
+    assert runs, list(save_dir.rglob('*'))
+
+
+# ---------------------------------------------------------------------------------------------------
+# PPOTrainer on stand-ins: the numbers it feeds to the math and to the KL controller
+
+class FakeEncoder:
+    padding_token = 9
+
+    def decode(self, tokens):
+        return ' '.join(map(str, tokens))
+
+
+class FakePolicy(nn.Module):
+    """Logits w at every position; values v * (position + 1). Records the queries it trains on."""
+    n_vocab = 5
+
+    def __init__(self, seed):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.w = nn.Parameter(torch.randn(self.n_vocab, generator=g))
+        self.v = nn.Parameter(torch.randn((), generator=g))
+        self.encoder = FakeEncoder()
+        self.trained_on = []
+
+    def analyze_responses(self, queries, responses):
+        if torch.is_grad_enabled():
+            self.trained_on.append(queries.clone())
+        logp = torch.log_softmax(self.w, -1)
+        length = responses.shape[1]
+        return dict(logprobs=logp[responses], entropies=-(logp.exp() * logp).sum().expand(responses.shape),
+                    values=self.v * torch.arange(1, length + 1).float().expand(responses.shape))
+
+    def respond(self, queries, length):
+        responses = (queries[:, :1] + torch.arange(length)) % self.n_vocab
+        return dict(responses=responses, **{k: v for k, v in self.analyze_responses(queries, responses).items()
+                                            if k != 'entropies'})
+
+
+def fake_trainer(**overrides):
+    hparams = train_policy.HParams()
+    hparams.override_from_dict({
+        'task.query_length': 2, 'task.response_length': 3, 'ppo.batch_size': 16, 'ppo.nminibatches': 2,
+        'ppo.noptepochs': 3, 'ppo.total_episodes': 64, 'ppo.lr': 1e-3, 'run.log_interval': 1,
+        'task.query_dataset': 'unused', 'task.policy.initial_model': 'unused',
+        'rewards.trained_model': 'unused', 'rewards.adaptive_kl': 'on', 'rewards.adaptive_kl.target': 0.5,
+        'rewards.adaptive_kl.horizon': 100, **overrides})
+    hparams.validate()
+    batches = []
+
+    def query_sampler():
+        # Distinct rows, so each rollout can be recognized by its query.
+        base = 2 * 16 * len(batches)
+        batches.append(torch.arange(base, base + 32).reshape(16, 2))
+        return dict(tokens=batches[-1])
+
+    def score_fn(queries, responses):
+        score = responses.float().sum(1) - 3
+        return score, responses, dict(score=score)
+
+    trainer = train_policy.PPOTrainer(policy=FakePolicy(0), ref_policy=FakePolicy(1), query_sampler=query_sampler,
+                                      score_fn=score_fn, hparams=hparams)
+    return trainer, batches
+
+
+def test_trainer_step_stats_and_kl_controller(capsys):
+    np.random.seed(0)
+    trainer, batches = fake_trainer()
+    initial = copy.deepcopy(trainer.policy)
+    stats = trainer.step()
+    assert sorted(stats) == STAT_NAMES
+
+    # Recompute the rollout's numbers from the initial policy and the reference.
+    queries = batches[0]
+    rollout = initial.respond(queries, 3)
+    ref_logprobs = trainer.ref_policy.analyze_responses(queries, rollout['responses'])['logprobs'].detach()
+    kl = (rollout['logprobs'].detach() - ref_logprobs).sum(1)
+    score = rollout['responses'].float().sum(1) - 3
+    np.testing.assert_allclose(stats['objective/kl'], kl.mean().item(), rtol=1e-5)
+    np.testing.assert_allclose(stats['objective/entropy'], -rollout['logprobs'].detach().sum(1).mean().item(), rtol=1e-5)
+    np.testing.assert_allclose(stats['objective/score'], score.mean().item(), rtol=1e-6)
+    np.testing.assert_allclose(stats['objective/score_total'], (score - 0.2 * kl).mean().item(), rtol=1e-5)
+    assert stats['objective/kl_coef'] == pytest.approx(0.2)
+    np.testing.assert_allclose(stats['ppo/val/var_explained'], 1 - stats['ppo/val/error'] / stats['ppo/returns/var'],
+                               rtol=1e-5)
+    assert (stats['elapsed/updates'], stats['elapsed/episodes'], stats['elapsed/steps/serial'],
+            stats['elapsed/steps/total']) == (1, 16, 3, 48)
+
+    # The adaptive controller moved once, by the KL of this batch.
+    error = np.clip(stats['objective/kl'] / 0.5 - 1, -0.2, 0.2)
+    np.testing.assert_allclose(trainer.kl_ctl.value, 0.2 * (1 + error * 16 / 100), rtol=1e-6)
+    assert error != 0
+
+    out = capsys.readouterr().out
+    assert '[ppo_step 0]' in out and out.count('  kl = ') == 3
+
+
+def test_trainer_minibatches_cover_the_batch_each_epoch():
+    np.random.seed(1)
+    trainer, batches = fake_trainer()
+    trainer.step()
+    seen = trainer.policy.trained_on
+    assert len(seen) == 3 * 2 and all(len(q) == 8 for q in seen)  # noptepochs x nminibatches of 16 / 2
+    rows = lambda qs: sorted(map(tuple, torch.cat(qs).tolist()))
+    for epoch in range(3):
+        assert rows(seen[2 * epoch:2 * epoch + 2]) == rows([batches[0]])
+    orders = [torch.cat(seen[2 * e:2 * e + 2])[:, 0].tolist() for e in range(3)]
+    assert len({tuple(o) for o in orders}) == 3  # a fresh permutation each epoch
+
+
+def test_trainer_lr_schedule_and_one_adam_step():
+    trainer, _ = fake_trainer(**{'ppo.noptepochs': 1, 'ppo.nminibatches': 1})
+    trainer.global_step = 3  # of nupdates = 64 / 16 = 4
+    before = {k: v.detach().clone() for k, v in trainer.policy.named_parameters()}
+    trainer.step()
+    lr = 1e-3 * (1 - 3 / 4)
+    assert trainer.optimizer.param_groups[0]['lr'] == pytest.approx(lr)
+    # TF Adam's first step moves each parameter by ~lr * sign(grad) (|grad| >> epsilon).
+    for k, v in trainer.policy.named_parameters():
+        delta = (v.detach() - before[k]).abs()
+        np.testing.assert_allclose(delta.numpy(), lr, rtol=0.05)
+
+
+def test_make_score_fn_truncates_then_penalizes():
+    task = lm_tasks.TaskHParams(truncate_token=4, truncate_after=1, penalty_reward_value=-1)
+
+    class ScoreModel:
+        padding_token = 9
+
+        def score_fn(self, queries, responses):
+            return 10 * (responses != 9).sum(1).float() + 1
+
+    score_fn = train_policy.make_score_fn(task, score_model=ScoreModel())
+    responses = torch.tensor([[4, 4, 1], [1, 4, 2], [1, 2, 3], [4, 1, 2]])
+    scores, postprocessed, stats = score_fn(torch.zeros(4, 2, dtype=torch.long), responses)
+    # Truncated after the first 4 at index >= 1; the 4 itself stays.
+    assert postprocessed.tolist() == [[4, 4, 9], [1, 4, 9], [1, 2, 3], [4, 1, 2]]
+    # Scored on the truncated responses; rows without a 4 at index >= 1 get exactly the penalty.
+    assert scores.tolist() == [21, 21, -1, -1]
+    assert stats['score'] is scores
+
+
+def test_trainer_loss_wiring_against_numpy():
+    from test_ppo_math import np_gae, np_ppo_loss, np_whiten
+    trainer, _ = fake_trainer()
+    rng = np.random.default_rng(3)
+    mb = dict(queries=torch.arange(16).reshape(8, 2), responses=torch.tensor(rng.integers(0, 5, size=(8, 3))),
+              values=torch.tensor(rng.normal(size=(8, 3)), dtype=torch.float32),
+              logprobs=torch.tensor(rng.normal(-1.6, 0.3, size=(8, 3)), dtype=torch.float32),
+              rewards=torch.tensor(rng.normal(0.5, 2, size=(8, 3)), dtype=torch.float32))
+    loss, stats = trainer.loss(mb)
+
+    new = {k: v.detach().numpy().astype(np.float64) for k, v in
+           trainer.policy.analyze_responses(mb['queries'], mb['responses']).items()}
+    np_mb = {k: v.numpy().astype(np.float64) for k, v in mb.items()}
+    # GAE on the minibatch's whitened (mean-kept) rewards and its OLD values; returns from the raw
+    # advantages; the loss on whitened advantages, value clipping around the old values.
+    adv = np_gae(np_whiten(np_mb['rewards'], shift_mean=False), np_mb['values'], 1.0, 0.95)
+    ref = np_ppo_loss(logprob=new['logprobs'], vpred=new['values'], old_logprob=np_mb['logprobs'],
+                      old_values=np_mb['values'], advantages=np_whiten(adv), returns=adv + np_mb['values'],
+                      cliprange=0.2, cliprange_value=0.2, vf_coef=0.1)
+    np.testing.assert_allclose(loss.item(), ref['total'], rtol=1e-4)
+    np.testing.assert_allclose(stats['loss/value'].item(), ref['value'], rtol=1e-4)
+    np.testing.assert_allclose(stats['returns/mean'].item(), (adv + np_mb['values']).mean(), rtol=1e-4, atol=1e-6)
+    assert loss.requires_grad

@@ -15,6 +15,8 @@ import collections.abc
 import json
 import os
 import random
+import sys
+import types
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
@@ -476,6 +478,10 @@ def get_summary_writer(save_dir, subdir=''):
     """A TensorBoard writer under <save_dir>/tb/<subdir> on rank 0; None elsewhere or without a save_dir."""
     if not is_root() or save_dir is None:
         return None
+    # tensorboard uses TensorFlow's file I/O when TensorFlow is importable (here: tensorflow-cpu, for the
+    # converter), which costs seconds per process; its own stub writes the same event files.
+    if 'tensorflow' not in sys.modules:
+        sys.modules.setdefault('tensorboard.compat.notf', types.ModuleType('tensorboard.compat.notf'))
     from torch.utils.tensorboard import SummaryWriter  # imported lazily: it pulls in tensorboard
     return SummaryWriter(os.path.join(save_dir, 'tb', subdir))
 

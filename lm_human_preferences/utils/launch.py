@@ -144,8 +144,8 @@ def _parse_command_line(argv, params):
 
 
 def _convert_option(key, value, param):
-    """Command options (not hparams) take the type of their default (bool / int); None defaults take int
-    for `mpi` and str otherwise."""
+    """Command options (not hparams) take the type of their default (bool / int / float); None defaults
+    take int for `mpi` and str otherwise."""
     default = param.default
     if isinstance(default, bool):
         if value.lower() in ('t', 'true', '1', 'yes'):
@@ -158,6 +158,11 @@ def _convert_option(key, value, param):
             return int(value)
         except ValueError:
             raise ConfigError(f"option --{key}: invalid int '{value}'") from None
+    if isinstance(default, float):
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"option --{key}: invalid float '{value}'") from None
     return value
 
 

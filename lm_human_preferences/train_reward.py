@@ -1,0 +1,410 @@
+#!/usr/bin/env python3
+"""Train a reward model on human labels (port of the original train_reward.py).
+
+One epoch over `labels.num_train` labels, optionally with the reward normalized before (to the
+labels' scale) and after (to mean 0, std 1) on samples of the initial policy. Differences from the
+original are commented where they happen and listed in PORTING.md.
+"""
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+
+from lm_human_preferences import label_types, lm_tasks, rewards
+from lm_human_preferences.language import trained_models
+from lm_human_preferences.policy import Policy
+from lm_human_preferences.utils import core as utils
+from lm_human_preferences.utils import gcs, hyperparams
+
+
+@dataclass
+class LabelHParams(hyperparams.HParams):
+    type: str = None
+    num_train: int = None
+    source: str = None
+
+
+@dataclass
+class RunHParams(hyperparams.HParams):
+    seed: Optional[int] = None
+    log_interval: int = 10
+    save_interval: int = 50
+    save_dir: Optional[str] = None
+    # Ours (the original ran fp32 only): forward passes under bf16 autocast. None = on when CUDA is
+    # available, off on CPU. Losses, softmaxes, normalization statistics and Adam state stay fp32.
+    bf16: Optional[bool] = None
+    # Ours: Weights & Biases logging (train_policy, which reuses this struct as the original did, logs).
+    wandb: bool = False
+    wandb_project: str = 'lm-human-preferences'
+
+    def use_bf16(self):
+        """Whether bf16 autocast is on: run.bf16, or (None) whether CUDA is available."""
+        return torch.cuda.is_available() if self.bf16 is None else self.bf16
+
+
+@dataclass
+class HParams(hyperparams.HParams):
+    run: RunHParams = field(default_factory=RunHParams)
+
+    task: lm_tasks.TaskHParams = field(default_factory=lm_tasks.TaskHParams)
+    labels: LabelHParams = field(default_factory=LabelHParams)
+
+    batch_size: int = 40  # total across ranks
+    lr: float = 5e-5
+
+    rollout_batch_size: int = 64
+    normalize_samples: int = 0  # Samples used to estimate reward mean and std
+    debug_normalize: int = 0  # Samples used to check that normalization worked
+    # Whether, before training, to normalize the rewards on the policy to the scales on the training buffer.
+    # (For comparisons, just use mean 0, var 1.)
+    normalize_before: bool = False
+    # Whether, after training, to normalize the rewards on the ref policy to mean 0, var 1
+    # (so the KL coefficient always has the same meaning).
+    normalize_after: bool = False
+    # Ours: also report the accuracy and loss on the training labels after training (the held-out
+    # labels, records past labels.num_train, are always evaluated when the source has them).
+    eval_train_labels: bool = False
+
+    def validate(self, *, prefix=''):
+        super().validate(prefix=prefix)
+        utils.exact_div(self.labels.num_train, self.batch_size)
+
+
+def _numpy_dtype(torch_dtype):
+    return torch.empty((), dtype=torch_dtype).numpy().dtype
+
+
+def download_labels(source, label_type, question_schemas, total_labels, *, n_vocab, padding_token):
+    """Load and check the label records of `source`: an http(s) URL (downloaded once into the cache,
+    by rank 0), a local JSON file, or 'test' (50 records of zeros, as the original).
+
+    Returns (train, held_out): dicts of name -> CPU tensor [n, *schema.shape] holding the first
+    total_labels records and the records after them (held_out is None when there are none). The original
+    returned only the first total_labels records; we keep the rest to evaluate on.
+    Every problem is a one-line ValueError naming the file (and record / field).
+    """
+    schemas = {**question_schemas, **label_type.label_schemas()}
+
+    if source != 'test':
+        path = gcs.download_file_cached(source)
+        where = path if path == source else f'{source} (cached as {path})'
+        try:
+            with open(path) as f:
+                results = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f'label file {where} is not valid JSON: {e.msg} at line {e.lineno} '
+                             f'column {e.colno} (char {e.pos})') from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f'label file {where} is not UTF-8 text: byte {e.start} cannot be decoded') from None
+        if not isinstance(results, list):
+            raise ValueError(f'label file {where}: expected a JSON array of label records, '
+                             f'got a JSON {type(results).__name__}')
+        if utils.is_root():
+            print('Num labels found in source:', len(results))
+    else:
+        where = 'test labels'
+        results = [
+            {name: np.zeros(schema.shape, dtype=_numpy_dtype(schema.dtype)) for name, schema in schemas.items()}
+            for _ in range(50)
+        ]
+
+    # The original only asserted the count; a malformed record failed deep inside TF, or not at all.
+    label_types.validate_labels(results, schemas, n_vocab=n_vocab, padding_token=padding_token, source=where)
+    if len(results) < total_labels:
+        raise ValueError(f'label file {where} has {len(results)} records, but labels.num_train is {total_labels}')
+
+    def stack(records):
+        if not records:
+            return None
+        return {k: torch.from_numpy(np.asarray([r[k] for r in records], dtype=_numpy_dtype(s.dtype)))
+                for k, s in schemas.items()}
+    return stack(results[:total_labels]), stack(results[total_labels:])
+
+
+class RewardModelTrainer():
+    def __init__(self, *, reward_model, policy, query_sampler, hparams):
+        """reward_model: a rewards.RewardModelTrainer on utils.get_device(). policy (the frozen initial
+        policy) and query_sampler are only used to normalize; None when neither normalization is on."""
+        self.reward_model = reward_model
+
+        self.policy = policy
+        self.query_sampler = query_sampler
+        self.hparams = hparams
+        self.num_ranks = utils.get_world_size()
+        self.rank = utils.get_rank()
+        self.device = utils.get_device()
+        self.bf16 = hparams.run.use_bf16()
+
+        self.label_type = label_types.get(hparams.labels.type)
+        self.question_schemas = self.label_type.question_schemas(
+            query_length=hparams.task.query_length,
+            response_length=hparams.task.response_length,
+        )
+
+        data_schemas = {
+            **self.question_schemas,
+            **self.label_type.label_schemas(),
+        }
+        self.train_buffer = utils.SampleBuffer(capacity=hparams.labels.num_train, schemas=data_schemas)
+        self.held_out_labels = None
+
+        save_dir = hparams.run.save_dir
+        self.summary_writer = utils.get_summary_writer(save_dir, subdir='reward_model')
+        self.stats_path = os.path.join(save_dir, 'train_reward_stats.jsonl') if save_dir else None
+
+        # The original's utils.minimize: gradients all-reduce-averaged over ranks, then TF1 Adam with
+        # epsilon 1e-5 over all reward model params (the reward gain and bias included), no clipping.
+        self.optimizer = utils.AdamTF(self.reward_model.parameters(), lr=hparams.lr, eps=1e-5)
+        # Minibatches trained so far (the original's train_step variable): the only training position.
+        self.global_step = 0
+
+    def _to_device(self, labels):
+        # Token ids are stored int32 as the original's buffer; our models take int64 ids.
+        return {k: (v.long() if not v.is_floating_point() else v).to(self.device) for k, v in labels.items()}
+
+    def add_to_buffer(self, labels):
+        self.train_buffer.add(**labels)
+
+    def train_batch(self, indices, lr):
+        minibatch = self._to_device(self.train_buffer.read(indices))
+        for group in self.optimizer.param_groups:
+            group['lr'] = lr
+        with utils.autocast(self.bf16):
+            stats = self.label_type.loss(reward_model=self.reward_model.get_rewards, labels=minibatch)
+        self.optimizer.zero_grad(set_to_none=True)
+        stats['loss'].backward()
+        utils.average_gradients(list(self.reward_model.parameters()))
+        self.optimizer.step()
+
+        step = self.global_step
+        self.global_step += 1
+        # record_stats averages the stats over ranks (the original's FlatStats mpi_allreduce_mean).
+        return utils.record_stats(stats={k: v.detach().float() for k, v in stats.items()},
+                                  summary_writer=self.summary_writer, step=step,
+                                  log_interval=self.hparams.run.log_interval, jsonl_path=self.stats_path)
+
+    def target_mean_std(self):
+        """Returns the means and variances to target for each reward model"""
+        # Should be the same on all ranks because the train_buf should be the same
+        scales = self.label_type.target_scales(self.train_buffer.data())
+        if scales is None:
+            return 0.0, 1.0
+        # tf.nn.moments: population variance
+        mean = scales.float().mean()
+        var = ((scales.float() - mean) ** 2).mean()
+        return mean.item(), var.sqrt().item()
+
+    @torch.no_grad()
+    def stats(self, query_responses):
+        with utils.autocast(self.bf16):
+            rewards = torch.cat([self.reward_model.get_rewards(qs, rs) for qs, rs in query_responses], dim=0)
+        assert rewards.dim() == 1, f'{tuple(rewards.shape)}'
+        # Sum and sum of squares pooled over ranks (each rank scored the same number of samples), then the
+        # population std. In float64 (the original: float32), so E[x^2] - E[x]^2 cannot go negative.
+        rewards = rewards.double()
+        sums = torch.stack([rewards.sum(dim=0), rewards.square().sum(dim=0)])
+        means, sqr_means = (utils.mpi_allreduce_sum(sums) / (self.num_ranks * rewards.shape[0])).tolist()
+        stds = float(np.sqrt(sqr_means - means ** 2))
+        return means, stds
+
+    def log_stats_after_normalize(self, stats):
+        if self.rank != 0:
+            return
+        means, stds = stats
+        print(f'after normalize: {means} +- {stds}')
+
+    def reset_reward_scales(self):
+        self.reward_model.reset_reward_scale()
+
+    def set_reward_norms(self, mean, std, new_mean, new_std):
+        if self.rank == 0:
+            print(f'targets: {new_mean} +- {new_std}')
+            print(f'before normalize: {mean} +- {std}')
+        assert np.isfinite((mean, std, new_mean, new_std)).all()
+        self.reward_model.set_reward_norm(old_mean=mean, old_std=std, new_mean=new_mean, new_std=new_std)
+
+    @torch.no_grad()
+    def sample_policy_batch(self):
+        queries = self.query_sampler()['tokens']
+        with utils.autocast(self.bf16):
+            responses = self.policy.respond(queries=queries, length=self.hparams.task.response_length)['responses']
+        return queries, responses
+
+    def sample_policy_responses(self, n_samples):
+        # n_samples in total: each rank samples ceil(n / rollout_batch_size) batches of its
+        # rollout_batch_size / num_ranks queries, as the original.
+        n_batches = utils.ceil_div(n_samples, self.hparams.rollout_batch_size)
+        return [self.sample_policy_batch() for _ in range(n_batches)]
+
+    def normalize(self, sample_fn, target_means, target_stds):
+        """Returns dict(before=(mean, std), target=(mean, std), after=(mean, std) or None) (ours, for
+        callers and tests; the original returned nothing), or None when normalize_samples is 0."""
+        if not self.hparams.normalize_samples:
+            return None
+
+        self.reset_reward_scales()
+        query_responses = sample_fn(self.hparams.normalize_samples)
+        means, stds = self.stats(query_responses)
+
+        self.set_reward_norms(means, stds, target_means, target_stds)
+        result = dict(before=(means, stds), target=(target_means, target_stds), after=None)
+        if self.hparams.debug_normalize:
+            query_responses = sample_fn(self.hparams.debug_normalize)
+            stats = self.stats(query_responses)
+            self.log_stats_after_normalize(stats)
+            result['after'] = stats
+        return result
+
+    @torch.no_grad()
+    def evaluate(self, labels, *, name):
+        """Ours: mean loss (the label type's) and, for best_of_N, accuracy (argmax reward == best) of the
+        reward model on labels (a dict of tensors), each rank scoring labels[rank::num_ranks]. Logged as
+        <name>/loss and <name>/accuracy at the current global_step; returns that dict."""
+        n = len(next(iter(labels.values())))
+        per_rank_batch_size = utils.exact_div(self.hparams.batch_size, self.num_ranks)
+        ours = torch.arange(self.rank, n, self.num_ranks)
+        sample_keys = [k for k in self.question_schemas if k != 'query']
+        loss_sum, correct = 0.0, 0.0
+        for start in range(0, len(ours), per_rank_batch_size):
+            batch = self._to_device({k: v[ours[start:start + per_rank_batch_size]] for k, v in labels.items()})
+            with utils.autocast(self.bf16):
+                # Each sample is scored once; the label type's loss looks the rewards up.
+                scored = {id(batch[k]): self.reward_model.get_rewards(batch['query'], batch[k]) for k in sample_keys}
+                stats = self.label_type.loss(reward_model=lambda queries, responses: scored[id(responses)],
+                                             labels=batch)
+            batch_n = len(batch['query'])
+            loss_sum += stats['loss'].float().item() * batch_n  # the losses are means over the batch
+            if isinstance(self.label_type, label_types.PickBest):
+                logits = torch.stack([scored[id(batch[k])] for k in sample_keys], dim=1)
+                correct += (logits.argmax(dim=1) == batch['best']).sum().item()
+        totals = utils.mpi_allreduce_sum(torch.tensor([float(len(ours)), loss_sum, correct], dtype=torch.float64))
+        count = totals[0].item()
+        results = {f'{name}/loss': totals[1].item() / count}
+        if isinstance(self.label_type, label_types.PickBest):
+            results[f'{name}/accuracy'] = totals[2].item() / count
+        if self.rank == 0:
+            print(f'{name} on {int(count)} labels: ' + ', '.join(f'{k} = {v:.6g}' for k, v in results.items()))
+        utils.record_stats(stats=results, summary_writer=self.summary_writer, step=self.global_step,
+                           log_interval=1, jsonl_path=self.stats_path)
+        return results
+
+    def train(self):
+        """Returns a dict of results (ours; the original returned nothing): normalize_before /
+        normalize_after (see normalize), train (the last minibatch's stats), eval, eval_train."""
+        labels, self.held_out_labels = download_labels(
+            self.hparams.labels.source,
+            label_type=self.label_type,
+            question_schemas=self.question_schemas,
+            total_labels=self.hparams.labels.num_train,
+            n_vocab=self.reward_model.hparams.n_vocab,
+            padding_token=self.reward_model.padding_token,
+        )
+
+        self.add_to_buffer(labels)
+        results = {}
+
+        if self.hparams.normalize_before:
+            target_mean, target_std = self.target_mean_std()
+            results['normalize_before'] = self.normalize(self.sample_policy_responses, target_mean, target_std)
+
+        # Collect training data for reward model training.  train_indices will include the indices
+        # trained on across all ranks, and its size must be a multiple of minibatch_size.
+        per_rank_batch_size = utils.exact_div(self.hparams.batch_size, self.num_ranks)
+
+        # Make sure each rank gets the same shuffle so we train on each point exactly once
+        train_indices = utils.mpi_bcast(np.random.permutation(self.hparams.labels.num_train))
+
+        # Train on train_indices. The loop runs on global_step (batch global_step covers
+        # train_indices[global_step * batch_size:][:batch_size]), so a restored global_step resumes it.
+        print(self.rank, "training on", self.hparams.labels.num_train, "in batches of", per_rank_batch_size)
+        num_batches = utils.exact_div(self.hparams.labels.num_train, self.hparams.batch_size)
+        while self.global_step < num_batches:
+            start_index = self.global_step * self.hparams.batch_size
+            end_index = start_index + self.hparams.batch_size
+            all_ranks_indices = train_indices[start_index:end_index]
+            our_indices = all_ranks_indices[self.rank::self.num_ranks]
+            lr = (1 - start_index / self.hparams.labels.num_train) * self.hparams.lr
+            results['train'] = self.train_batch(our_indices, lr)
+
+        # Ours: evaluate the model as trained, before normalize_after rescales it (the accuracy does not
+        # change under that positive affine map; the loss would).
+        if self.held_out_labels is not None:
+            results['eval'] = self.evaluate(self.held_out_labels, name='eval')
+        elif self.rank == 0:
+            print(f'no held-out labels: {self.hparams.labels.source} has no records past labels.num_train')
+        if self.hparams.eval_train_labels:
+            results['eval_train'] = self.evaluate(self.train_buffer.data(), name='eval_train')
+
+        if self.hparams.normalize_after:
+            target_mean, target_std = 0.0, 1.0
+            results['normalize_after'] = self.normalize(self.sample_policy_responses, target_mean, target_std)
+        return results
+
+    def save(self):
+        """Write <save_dir>/reward_model/checkpoints/model-<global_step>.safetensors (model, reward head,
+        reward_norm gain/bias) with its hparams.json and encoding, on rank 0. The only place that saves."""
+        save_dir = self.hparams.run.save_dir
+        if self.rank != 0 or not save_dir:
+            return None
+        return trained_models.save_checkpoint(
+            os.path.join(save_dir, 'reward_model'), self.global_step, self.reward_model,
+            hparams=self.reward_model.hparams, encoding=self.reward_model.trained_model.encoding)
+
+
+def train(hparams: HParams):
+    """Train a reward model; returns RewardModelTrainer.train()'s results (ours; the original: None)."""
+    if utils.is_root():
+        hyperparams.dump(hparams)
+    utils.set_mpi_seed(hparams.run.seed)
+
+    m = trained_models.TrainedModel(hparams.task.policy.initial_model)
+    encoder = m.encoding.get_encoder()
+    if utils.is_root():
+        hyperparams.dump(m.hparams(), name='model_hparams')
+    device = utils.get_device()
+
+    # The frozen initial policy and the query stream only serve the normalizations; the original built
+    # them always (TF built graphs lazily, so its query dataset was never read without normalization).
+    ref_policy = query_sampler = None
+    if hparams.normalize_before or hparams.normalize_after:
+        ref_policy = Policy(
+            m, scope='ref_policy',
+            embed_queries=lm_tasks.query_formatter(hparams.task, encoder),
+            temperature=hparams.task.policy.temperature).to(device)
+        ref_policy.requires_grad_(False)
+
+    reward_model = rewards.RewardModelTrainer(m).to(device)
+
+    if ref_policy is not None:
+        query_sampler = lm_tasks.make_query_sampler(
+            hparams=hparams.task, encoder=encoder,
+            batch_size=utils.exact_div(hparams.rollout_batch_size, utils.get_world_size())
+        )
+
+    reward_trainer = RewardModelTrainer(
+        reward_model=reward_model,
+        policy=ref_policy,
+        query_sampler=query_sampler,
+        hparams=hparams,
+    )
+
+    save_dir = hparams.run.save_dir
+    if utils.is_root() and save_dir:
+        print(f"Will save to {save_dir}")
+        os.makedirs(os.path.join(save_dir, 'reward_model'), exist_ok=True)
+        hyperparams.save_json(hparams, os.path.join(save_dir, 'train_reward_hparams.json'))
+
+    # Every rank starts from rank 0's weights (the original's variable_synchronizer).
+    if ref_policy is not None:
+        utils.sync_params(ref_policy)
+    utils.sync_params(reward_model)
+
+    results = reward_trainer.train()
+    reward_trainer.save()
+    if reward_trainer.summary_writer is not None:
+        reward_trainer.summary_writer.close()
+    return results

@@ -135,7 +135,11 @@ def get_train_reward_experiments():
         bind('labels.num_train', 16),
         bind('batch_size', 8),
         bind('rollout_batch_size', 8),
+        bind('normalize_before', True),
+        bind('normalize_after', True),
+        bind('normalize_samples', 64),
         bind('run.log_interval', 1),
+        bind('run.seed', 1),
     )
 
     return dict(sentiment=sentiment, descriptiveness=descriptiveness, cnndm=cnndm, tldr=tldr, test=test)

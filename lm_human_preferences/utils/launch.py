@@ -49,6 +49,9 @@ def _run_in_group(f):
 def _worker(local_rank, world_size, port, f):
     os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(local_rank),
                       LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
+    # Share the cores between the workers (as torchrun does with OMP_NUM_THREADS): N workers each running
+    # torch's default of one thread per core spin-wait against each other, many times slower on a CPU.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     _run_in_group(f)
 
 

@@ -90,7 +90,7 @@ def test_cache_dir_argument(server, tmp_path):
 
 def test_404_fails_fast_naming_url(server):
     url = _url(server, '/missing.json')
-    with pytest.raises(RuntimeError) as e:
+    with pytest.raises(gcs.DownloadError) as e:
         gcs.download_file_cached(url, backoff_s=0.01)
     assert str(e.value) == f'could not download {url}: HTTP 404 Not Found'
     assert server.requests == ['/missing.json']  # not retried
@@ -105,7 +105,7 @@ def test_transient_error_is_retried(server):
 
 def test_cut_off_transfer_leaves_no_partial_file(server):
     url = _url(server, '/cut.bin')
-    with pytest.raises(RuntimeError) as e:
+    with pytest.raises(gcs.DownloadError) as e:
         gcs.download_file_cached(url, retries=3, backoff_s=0.01)
     msg = str(e.value)
     assert msg.startswith(f'could not download {url}: ') and '\n' not in msg
@@ -127,7 +127,7 @@ def test_unreachable_is_one_line_naming_url():
         s.bind(('127.0.0.1', 0))
         port = s.getsockname()[1]
     url = f'http://127.0.0.1:{port}/x.json'
-    with pytest.raises(RuntimeError) as e:
+    with pytest.raises(gcs.DownloadError) as e:
         gcs.download_file_cached(url, retries=2, backoff_s=0.01)
     msg = str(e.value)
     assert msg.startswith(f'could not download {url}: connection failed') and '\n' not in msg
@@ -140,9 +140,9 @@ def test_local_paths_and_bad_urls(tmp_path):
     assert gcs.download_file_cached(str(f)) == str(f)
     with pytest.raises(FileNotFoundError, match='nope.json'):
         gcs.download_file_cached(str(tmp_path / 'nope.json'))
-    with pytest.raises(RuntimeError, match="gs://bucket/x: unsupported URL scheme 'gs'"):
+    with pytest.raises(gcs.DownloadError, match="gs://bucket/x: unsupported URL scheme 'gs'"):
         gcs.download_file_cached('gs://bucket/x')
-    with pytest.raises(RuntimeError, match='does not name a file'):
+    with pytest.raises(gcs.DownloadError, match='does not name a file'):
         gcs.download_file_cached('http://127.0.0.1:1/dir/')
-    with pytest.raises(RuntimeError, match='does not name a file'):
+    with pytest.raises(gcs.DownloadError, match='does not name a file'):
         gcs.download_file_cached('http://127.0.0.1:1/../../etc/passwd')

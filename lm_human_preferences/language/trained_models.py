@@ -10,7 +10,8 @@ Our checkpoint format (everything saves and loads through the functions below):
 The keys are the original's TF variable names under the scope with '/' -> '.' and 'h<i>' -> 'h.<i>'
 (see model.py). Safetensors only: loading never unpickles anything.
 
-A model is named as in the original: 'test' (tiny, randomly initialised), a GPT-2 release ('124M',
+A model is named as in the original: 'test' (tiny, randomly initialised), 'demo' (ours: the offline
+demo's small model in saved_models_dir()/demo, made by demo.py), a GPT-2 release ('124M',
 downloaded from OpenAI's public bucket and converted once into saved_models_dir()/<name>), or a
 directory holding either one of our checkpoints or an original TF checkpoint (converted on first use
 into a cache dir under saved_models_dir()/converted).
@@ -45,6 +46,14 @@ class TrainedModel():
         if name == 'test':
             self.savedir = None
             self.encoding = encodings.Test
+        elif name == 'demo':
+            # Ours: the offline demo's small character-level model, pretrained by demo.py into
+            # saved_models_dir()/demo (`python launch.py train_policy demo NAME` makes it).
+            self.savedir = savedir if savedir else os.path.join(gcs.saved_models_dir(), 'demo')
+            if not os.path.isdir(self.savedir):
+                raise FileNotFoundError(f"model 'demo': {self.savedir} does not exist (the demo commands "
+                                        f"`python launch.py train_policy demo NAME` / `train_reward demo NAME` make it)")
+            self.encoding = read_encoding(self.savedir)
         else:
             # The original's default savedir was gs://gpt-2/models/<name>; a name that is a path is a
             # local model dir, and an https URL is an original TF run dir (e.g. OpenAI's released
@@ -142,7 +151,7 @@ def download_tf_model_dir(url):
     for optional in ('encoding',):
         try:
             gcs.download_file_cached(f'{url}/{optional}', cache_dir=cache_dir)
-        except RuntimeError as e:
+        except gcs.DownloadError as e:
             if '404' not in str(e):
                 raise
     state = gcs.download_file_cached(f'{url}/checkpoints/checkpoint', cache_dir=cache_dir)

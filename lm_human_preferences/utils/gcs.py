@@ -7,7 +7,7 @@ with `requests` into a local cache:
     so an interrupted transfer never leaves a partial file where the cache expects a complete one;
   - transient failures (connection errors, cut-off transfers, HTTP 5xx/408/429) are retried with
     exponential backoff; other HTTP errors (404, 403, ...) fail at once;
-  - every failure ends in one line: `RuntimeError: could not download <url>: <reason>`.
+  - every failure ends in one line: `DownloadError: could not download <url>: <reason>`.
 In a torch.distributed group rank 0 downloads and the other ranks wait for its result.
 """
 
@@ -47,12 +47,12 @@ class _Fatal(Exception):
 def _cache_path(url, cache_dir):
     parsed = urlparse(url)
     if parsed.scheme not in ('http', 'https'):
-        raise RuntimeError(f"could not download {url}: unsupported URL scheme '{parsed.scheme}' (use http or https)")
+        raise DownloadError(f"could not download {url}: unsupported URL scheme '{parsed.scheme}' (use http or https)")
     rel = unquote(parsed.path).lstrip('/')
     root = os.path.abspath(os.path.join(cache_dir, parsed.netloc))
     dest = os.path.abspath(os.path.join(root, rel))
     if not rel or rel.endswith('/') or not dest.startswith(root + os.sep):
-        raise RuntimeError(f'could not download {url}: the URL does not name a file')
+        raise DownloadError(f'could not download {url}: the URL does not name a file')
     return dest
 
 
@@ -124,7 +124,11 @@ def _download(url, dest, *, retries, backoff_s, timeout_s):
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
-    raise RuntimeError(f'could not download {url}: {reason}')
+    raise DownloadError(f'could not download {url}: {reason}')
+
+
+class DownloadError(RuntimeError):
+    """A file could not be downloaded; the message names the URL and the reason."""
 
 
 def is_url(path):
@@ -151,14 +155,14 @@ def download_file_cached(url, *, cache_dir=None, retries=4, backoff_s=1.0, timeo
         print(f'downloading {url} -> {dest}', file=sys.stderr)
         try:
             _download(url, dest, retries=retries, backoff_s=backoff_s, timeout_s=timeout_s)
-        except RuntimeError as e:
+        except DownloadError as e:
             error = str(e)
     # The broadcast doubles as the barrier: the other ranks wait here until rank 0 is done, and fail
     # with rank 0's error instead of waiting for a file that will never come.
     error = core.mpi_bcast(error)
     if error is not None:
-        raise RuntimeError(error)
+        raise DownloadError(error)
     if not os.path.exists(dest):
-        raise RuntimeError(f'could not download {url}: rank 0 downloaded it to {dest}, which rank {core.get_rank()} '
+        raise DownloadError(f'could not download {url}: rank 0 downloaded it to {dest}, which rank {core.get_rank()} '
                            f'cannot see (the cache dir must be shared by all ranks)')
     return dest

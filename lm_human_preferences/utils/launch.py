@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lm_human_preferences.utils import hyperparams
+from lm_human_preferences.utils import gcs, hyperparams
 
 
 class ConfigError(Exception):
@@ -174,7 +174,8 @@ def main(commands_dict, argv=None):
 
     Each command is a function `(positional..., *, options with defaults, **extra_hparams)`: named options
     go to its parameters, every other `--key value` to **extra_hparams (as strings, parsed by HParams).
-    Configuration errors print one `error: ...` line and exit 2; a failing worker exits 1 with its traceback.
+    Configuration errors print one `error: ...` line and exit 2; bad inputs met while running (downloads,
+    files, values) one line and exit 1; a failing worker exits 1 with its traceback.
     """
     argv = sys.argv[1:] if argv is None else argv
     usage = f"usage: launch.py {{{','.join(commands_dict)}}} EXPERIMENT NAME [--mpi N] [--dry_run] [--save_dir DIR] [--dotted.hparam VALUE ...]"
@@ -206,6 +207,13 @@ def main(commands_dict, argv=None):
     except ConfigError as e:
         print(f'error: {e}', file=sys.stderr)
         sys.exit(2)
+    except (gcs.DownloadError, OSError, ValueError) as e:
+        # Bad inputs met while running (an unreachable URL, a missing or mismatched checkpoint, malformed
+        # labels, a full disk): one line naming the cause. LMHP_TRACEBACK=1 shows where it was raised.
+        if os.environ.get('LMHP_TRACEBACK'):
+            raise
+        print(f'error: {e}', file=sys.stderr)
+        sys.exit(1)
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
         # The message holds the failing worker's traceback; the launcher's own stack adds nothing.
         print(f'error: a worker failed:{e}', file=sys.stderr)

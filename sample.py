@@ -78,7 +78,7 @@ def _check_save_dir(save_dir, savescope):
 
 
 def _parse(name, value, parse):
-    # launch.main passes options whose default is not an int or bool as strings.
+    # launch.main passes options whose default is None (here --seed) as strings.
     if value is None or not isinstance(value, str):
         return value
     try:
@@ -90,7 +90,7 @@ def _parse(name, value, parse):
 def launch_sample(save_dir=None, savescope='policy', temperature=1.0, seed=None, batch_size=4, nsamples=0, mpi=1):
     # The original defaulted to mpi=8 (MPI ranks); one process is the sensible default here.
     _check_save_dir(save_dir, savescope)
-    kwargs = dict(save_dir=save_dir, savescope=savescope, temperature=_parse('temperature', temperature, float),
+    kwargs = dict(save_dir=save_dir, savescope=savescope, temperature=temperature,
                   seed=_parse('seed', seed, int), batch_size=batch_size, nsamples=nsamples)
     if nsamples % mpi:
         raise launch.ConfigError(f'--nsamples {nsamples} must be a multiple of --mpi {mpi}')

@@ -100,7 +100,7 @@ def test_other_errors_name_the_path(tmp_path, run_dir, sample_cli, capsys):
     assert 'needs --save_dir' in error([])
     (tmp_path / 'train_policy_hparams.json').write_text('{}')
     assert str(tmp_path / 'policy') in error(['--save_dir', str(tmp_path)])
-    assert "invalid value 'hot'" in error(['--save_dir', str(run_dir), '--temperature', 'hot'])
+    assert "invalid float 'hot'" in error(['--save_dir', str(run_dir), '--temperature', 'hot'])
     assert 'hold only the policy' in error(['--save_dir', str(run_dir), '--savescope', 'ref_policy'])
 
 

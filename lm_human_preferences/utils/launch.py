@@ -169,6 +169,18 @@ def _convert_option(key, value, param):
     return value
 
 
+def _usage(name, command):
+    words = [name]
+    for p in inspect.signature(command).parameters.values():
+        if p.kind is p.VAR_KEYWORD:
+            words.append('[--dotted.hparam VALUE ...]')
+        elif p.default is inspect.Parameter.empty:
+            words.append(p.name.upper())
+        else:
+            words.append(f'[--{p.name} {p.name.upper()}]' if not isinstance(p.default, bool) else f'[--{p.name}]')
+    return ' '.join(words)
+
+
 def main(commands_dict, argv=None):
     """`python launch.py COMMAND ARG... [--option value] [--dotted.hparam value]` (the original used fire).
 
@@ -178,7 +190,7 @@ def main(commands_dict, argv=None):
     files, values) one line and exit 1; a failing worker exits 1 with its traceback.
     """
     argv = sys.argv[1:] if argv is None else argv
-    usage = f"usage: launch.py {{{','.join(commands_dict)}}} EXPERIMENT NAME [--mpi N] [--dry_run] [--save_dir DIR] [--dotted.hparam VALUE ...]"
+    usage = '\n'.join(f'usage: {os.path.basename(sys.argv[0])} {_usage(name, command)}' for name, command in commands_dict.items())
     if not argv or argv[0] in ('-h', '--help'):
         print(usage)
         sys.exit(0 if argv else 2)

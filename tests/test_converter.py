@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors.torch
 import torch
 
 from lm_human_preferences.language import convert_tf, encodings, model, trained_models
@@ -409,6 +410,19 @@ def test_loading_pickles_is_refused(tmp_path):
     (d / 'checkpoints' / 'model-7.safetensors').write_bytes(b'\x08\x00\x00\x00\x00\x00\x00\x00{bad json')
     with pytest.raises(ValueError, match='not a valid safetensors checkpoint'):
         trained_models.load_checkpoint(str(d))
+
+
+def test_safetensors_whose_header_length_starts_like_a_pickle(tmp_path):
+    """A safetensors header length whose low byte is 0x80 (the pickle PROTO opcode) still loads."""
+    for n in range(1, 64):
+        state = {'model.' + 'w' * n: torch.arange(3.0)}
+        data = safetensors.torch.save(state)
+        if data[0] == 0x80:
+            break
+    assert data[0] == 0x80
+    path = tmp_path / 'model-1.safetensors'
+    path.write_bytes(data)
+    assert torch.equal(trained_models.load_checkpoint(str(path))['model.' + 'w' * n], torch.arange(3.0))
 
 
 def test_runs_without_tensorflow(tmp_path, shared_dir):

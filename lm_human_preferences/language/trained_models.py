@@ -259,9 +259,10 @@ def load_checkpoint(dir_or_file):
     if not os.path.isfile(path):
         raise FileNotFoundError(f'checkpoint {path} does not exist')
     with open(path, 'rb') as f:
-        magic = f.read(4)
-    # torch.save writes a zip (PK..) holding a pickle; raw pickles start with the PROTO opcode 0x80.
-    if magic.startswith(b'PK\x03\x04') or magic[:1] == b'\x80':
+        magic = f.read(9)
+    # A safetensors file is an 8-byte header length, then the JSON header ('{'). torch.save writes a zip
+    # (PK..) holding a pickle; raw pickles start with the PROTO opcode 0x80.
+    if magic[8:9] != b'{' and (magic.startswith(b'PK\x03\x04') or magic[:1] == b'\x80'):
         raise ValueError(f'refusing to load {path}: it is a pickle / torch.save file (unpickling can run '
                          f'arbitrary code); checkpoints must be safetensors')
     try:

@@ -7,6 +7,10 @@
 DIR is a train_policy save dir: ours (train_policy_hparams.json + policy/) or an original TF run's
 (same layout, TF checkpoints under policy/checkpoints/, converted on first use). Queries come from the
 task's test split. nsamples 0 (the default, as the original) samples forever.
+
+    python sample.py export --save_dir DIR --out HF_DIR [--savescope policy|reward_model]
+
+(ours) writes DIR's policy (or reward model) as a Hugging Face transformers GPT-2 folder.
 """
 
 import os
@@ -15,7 +19,7 @@ from functools import partial
 import torch
 
 from lm_human_preferences import lm_tasks, train_policy
-from lm_human_preferences.language import trained_models
+from lm_human_preferences.language import hf_export, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import hyperparams, launch
@@ -97,9 +101,24 @@ def launch_sample(save_dir=None, savescope='policy', temperature=1.0, seed=None,
     launch.launch('sample', partial(sample_policy, **kwargs), mpi=mpi)
 
 
+def launch_export(save_dir=None, out=None, savescope='policy'):
+    """Ours: write <save_dir>/<savescope> (the trained policy, or with --savescope reward_model the reward
+    model) as a Hugging Face transformers GPT-2 folder at --out; see language/hf_export.py."""
+    if save_dir is None or out is None:
+        raise launch.ConfigError('export needs --save_dir DIR (a train_policy / train_reward save dir) and --out HF_DIR')
+    if savescope not in ('policy', 'reward_model'):
+        raise launch.ConfigError(f"--savescope {savescope}: export takes 'policy' or 'reward_model'")
+    model_dir = os.path.join(save_dir, savescope)
+    if not os.path.isdir(model_dir):
+        raise launch.ConfigError(f'{model_dir} does not exist (no {savescope} was saved in {save_dir})')
+    for path in hf_export.export(model_dir, out, scope=savescope):
+        print(path)
+
+
 # A dict of commands, as the original (launch.main is its fire-like command line).
 COMMANDS = dict(
     sample=launch_sample,
+    export=launch_export,
 )
 
 if __name__ == '__main__':

@@ -1,0 +1,74 @@
+"""The offline demo end to end, shortened (lm_human_preferences/demo.py through `launch.py train_policy
+demo`): the policy's samples score higher by the rule after PPO, and the reward model beats chance."""
+import dataclasses
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import pytest
+
+from lm_human_preferences import demo, label_types
+from lm_human_preferences.language import encodings
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location('top_launch', REPO_ROOT / 'launch.py')
+top_launch = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(top_launch)
+
+
+def test_rule_and_tie_breaking():
+    encoder = encodings.Test.get_encoder()
+    responses = torch.tensor([encoder.encode('here.were.three'), encoder.encode('a.big.dog.ran.')[:15] + [27]])
+    assert demo.rule_scores(responses, encoder).tolist() == [6.0, 0.0]  # the padding token decodes to ''
+    rng = np.random.RandomState(0)
+    picks = [demo.pick_best(np.array([[1, 3, 3, 0]]), rng)[0] for _ in range(200)]
+    assert set(picks) == {1, 2} and 60 < picks.count(1) < 140  # ties at random, never a lower score
+
+
+@pytest.fixture
+def short_demo(monkeypatch):
+    # A narrower model and fewer labels / PPO batches than the defaults, same pipeline (~1 minute).
+    monkeypatch.setattr(demo, 'PRETRAIN', dataclasses.replace(demo.PRETRAIN, n_embd=64))
+    monkeypatch.setattr(demo, 'HELD_OUT_LABELS', 256)
+    monkeypatch.setattr(demo, 'EVAL_QUERIES', 128)
+    return {'rewards.train_new_model.labels.num_train': '1024',
+            'ppo.total_episodes': str(64 * 30),
+            'run.log_interval': '100'}
+
+
+def test_short_demo_learns(tmp_path, short_demo):
+    top_launch.launch_train_policy('demo', 'short', save_dir=str(tmp_path), **short_demo)
+    save_dir = tmp_path / 'short'
+    report = json.loads((save_dir / 'demo_report.json').read_text())
+
+    # The labels went through the normal path: the original's JSON format, valid, best = a top scorer.
+    records = json.loads((save_dir / 'demo_labels.json').read_text())
+    assert len(records) == 1024 + 256
+    schemas = label_types.get('best_of_4').question_schemas(query_length=32, response_length=24)
+    schemas.update(label_types.get('best_of_4').label_schemas())
+    label_types.validate_labels(records, schemas, n_vocab=27, padding_token=27, source='demo labels')
+    encoder = encodings.Test.get_encoder()
+    for r in records[:50]:
+        scores = [demo.rule_score(encoder.decode(r[f'sample{i}'])) for i in range(4)]
+        assert scores[r['best']] == max(scores)
+    hparams = json.loads((save_dir / 'train_reward_hparams.json').read_text())
+    assert hparams['labels']['source'] == str(save_dir / 'demo_labels.json')
+
+    # Learning: the rule's score of the policy's samples rises well beyond the sampling noise, and the
+    # reward model, trained on 1024 labels, beats chance (25%) on the 256 held-out ones (by over 3.5
+    # standard deviations of a chance-level accuracy on 256 labels, 2.7%).
+    before, after = report['rule_score']['before'], report['rule_score']['after']
+    n = report['rule_score']['n']
+    stderr = np.hypot(before['std'], after['std']) / np.sqrt(n)
+    assert after['mean'] - before['mean'] > max(0.5, 4 * stderr), report['rule_score']
+    rm = report['reward_model']
+    assert rm['chance'] == 0.25 and rm['held_out_accuracy'] > 0.35, rm
+    assert rm['held_out_accuracy'] <= rm['ceiling'] + 0.1  # the ceiling is an expectation, not a bound
+    ppo = report['ppo']
+    assert ppo['kl_target'] == 4.0 and ppo['ppo_batches'] == 30 and ppo['kl'] > 0
+
+    # The learning curves were plotted at the end of both trainers.
+    for png in ('train_reward_curves.png', 'train_policy_curves.png'):
+        assert (save_dir / png).read_bytes()[:4] == b'\x89PNG'

@@ -1,0 +1,131 @@
+"""Hugging Face export (language/hf_export.py): the exported folder loads with transformers and computes
+our model's logits and values, and greedy decoding picks the same tokens."""
+import json
+
+import pytest
+import torch
+
+from lm_human_preferences.language import encodings, hf_export, model, trained_models
+from lm_human_preferences.policy import Policy
+
+transformers = pytest.importorskip('transformers')  # a test-only dependency (requirements-test.txt)
+
+
+def _random_policy_dir(tmp_path):
+    """A saved policy of ours (transformer + value head) with every parameter random, biases and layer
+    norms included, so that a wrong mapping of any tensor changes the outputs."""
+    hparams = model.HParams(n_vocab=encodings.Test.n_vocab, n_ctx=32, n_embd=48, n_head=4, n_layer=2)
+    torch.manual_seed(0)
+    lm = model.Model(hparams, scalar_heads=['value'])
+    with torch.no_grad():
+        for name, p in lm.named_parameters():
+            if name in ('wte', 'wpe'):  # logits of size ~10, not ~0.1: differences would show
+                p.copy_(0.5 * torch.randn_like(p))
+            elif name.endswith('.g'):
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+            elif name.endswith('.b') or name.startswith('heads.'):
+                p.copy_(0.3 * torch.randn_like(p))
+    policy_dir = tmp_path / 'policy'
+    trained_models.save_checkpoint(str(policy_dir), 7, lm, hparams=hparams, encoding=encodings.Test)
+    return lm, policy_dir
+
+
+@pytest.fixture(scope='module')
+def exported(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp('export')
+    lm, policy_dir = _random_policy_dir(tmp_path)
+    out = tmp_path / 'hf'
+    written = hf_export.export(str(policy_dir), str(out))
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(out)).eval()
+    return lm.eval(), policy_dir, out, written, hf
+
+
+def test_files_and_config(exported):
+    lm, _, out, written, hf = exported
+    assert sorted(p.rsplit('/', 1)[-1] for p in written) == [
+        'config.json', 'lmhp_export.json', 'model.safetensors', 'value_head.safetensors']
+    config = json.loads((out / 'config.json').read_text())
+    assert (config['vocab_size'], config['n_positions'], config['n_embd'], config['n_layer'], config['n_head']) == \
+        (27, 32, 48, 2, 4)
+    assert config['activation_function'] == 'gelu_new' and config['tie_word_embeddings'] is True
+    # Tied: the loaded lm_head is wte itself, which holds our wte.
+    assert hf.lm_head.weight.data_ptr() == hf.transformer.wte.weight.data_ptr()
+    torch.testing.assert_close(hf.transformer.wte.weight, lm.wte, rtol=0, atol=0)
+
+
+def test_logits_and_values_match(exported):
+    lm, _, out, _, hf = exported
+    from safetensors.torch import load_file
+    tokens = torch.randint(0, 27, (3, 32), generator=torch.Generator().manual_seed(1))  # unpadded, full n_ctx
+    with torch.no_grad():
+        ours = lm(tokens)
+        theirs = hf(tokens, output_hidden_states=True)
+    assert (ours['lm_logits'] - theirs.logits).abs().max().item() <= 1e-4
+    # The value head applies to the final hidden state (after ln_f), as in our Model.
+    head = load_file(str(out / 'value_head.safetensors'))
+    values = theirs.hidden_states[-1] @ head['w'] + head['b']
+    assert (ours['value'] - values).abs().max().item() <= 1e-4
+
+
+def test_greedy_generation_matches(exported):
+    _, policy_dir, _, _, hf = exported
+    # Our sampler at temperature 0 (logits * 1e10) is greedy.
+    policy = Policy(trained_models.TrainedModel(str(policy_dir)), temperature=0.0).eval()
+    queries = torch.randint(0, 27, (4, 8), generator=torch.Generator().manual_seed(2))
+    ours = policy.respond(queries, length=16)['responses']
+    with torch.no_grad():
+        theirs = hf.generate(queries, attention_mask=torch.ones_like(queries), max_new_tokens=16,
+                             min_new_tokens=16, do_sample=False, pad_token_id=0)
+    assert torch.equal(theirs[:, 8:], ours)
+
+
+def test_reward_model_head_and_norm(tmp_path):
+    hparams = model.HParams(n_vocab=27, n_ctx=8, n_embd=8, n_head=2, n_layer=1)
+    lm = model.Model(hparams, scalar_heads=['reward'])
+    state = {'model.' + k: v for k, v in lm.state_dict().items()}
+    state.update({'reward_norm.gain': torch.tensor(2.5), 'reward_norm.bias': torch.tensor(-0.5)})
+    trained_models.write_checkpoint(str(tmp_path / 'rm'), 3, state, hparams=hparams, encoding='test')
+    hf_export.export(str(tmp_path / 'rm'), str(tmp_path / 'hf'))
+    from safetensors.torch import load_file
+    head = load_file(str(tmp_path / 'hf' / 'reward_head.safetensors'))
+    assert sorted(head) == ['b', 'bias', 'gain', 'w']
+    assert head['gain'].item() == 2.5 and head['bias'].item() == -0.5
+    torch.testing.assert_close(head['w'], lm.heads['reward'].w, rtol=0, atol=0)
+
+
+def test_errors_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match='missing_dir'):
+        hf_export.export(str(tmp_path / 'missing_dir'), str(tmp_path / 'hf'))
+    with pytest.raises(ValueError, match="'model.h.0.attn.bogus'"):
+        hf_export.convert_state({'model.h.0.attn.bogus': torch.zeros(1)})
+    hparams = model.HParams(n_vocab=27, n_ctx=8, n_embd=8, n_head=2, n_layer=1)
+    state = {'model.' + k: v for k, v in model.Model(hparams).state_dict().items()}
+    hparams.n_layer = 2  # hparams.json no longer matches the weights
+    trained_models.write_checkpoint(str(tmp_path / 'bad'), 1, state, hparams=hparams, encoding='test')
+    with pytest.raises(ValueError, match=r'lacks transformer\.h\.1\.ln_1\.weight'):
+        hf_export.export(str(tmp_path / 'bad'), str(tmp_path / 'hf2'))
+
+
+def test_sample_py_export_command(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location('sample_cli', Path(__file__).resolve().parents[1] / 'sample.py')
+    sample_cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sample_cli)
+
+    lm, _ = _random_policy_dir(tmp_path)  # tmp_path is a save dir holding policy/
+    sample_cli.launch.main(sample_cli.COMMANDS, argv=['export', '--save_dir', str(tmp_path), '--out', str(tmp_path / 'hf')])
+    assert str(tmp_path / 'hf' / 'model.safetensors') in capsys.readouterr().out
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / 'hf')).eval()
+    tokens = torch.arange(10)[None] % 27
+    with torch.no_grad():
+        assert (lm.eval()(tokens)['lm_logits'] - hf(tokens).logits).abs().max().item() <= 1e-4
+
+    for argv, message in [(['--save_dir', str(tmp_path)], 'export needs --save_dir DIR'),
+                          (['--save_dir', str(tmp_path), '--out', 'x', '--savescope', 'reward_model'],
+                           f'{tmp_path / "reward_model"} does not exist'),
+                          (['--save_dir', str(tmp_path), '--out', 'x', '--savescope', 'ref'], "export takes 'policy' or 'reward_model'")]:
+        with pytest.raises(SystemExit) as e:
+            sample_cli.launch.main(sample_cli.COMMANDS, argv=['export', *argv])
+        assert e.value.code == 2
+        assert message in capsys.readouterr().err

@@ -26,8 +26,9 @@ from lm_human_preferences import lm_tasks, train_reward
 from lm_human_preferences.language import trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import TrainedRewardModel
+from lm_human_preferences.utils import checkpointing
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import hyperparams
+from lm_human_preferences.utils import hyperparams, plots
 
 
 @dataclass
@@ -204,7 +205,9 @@ class PPOTrainer:
         else:
             self.kl_ctl = AdaptiveKLController(hparams.rewards.kl_coef, hparams=hparams.rewards.adaptive_kl)
 
-        self.sample_queries = lambda: query_sampler()['tokens'].to(self.device)
+        # Counted, so that a resumed run continues the query stream where it was (see train()'s save()).
+        self.query_sampler = checkpointing.CountingSampler(query_sampler)
+        self.sample_queries = lambda: self.query_sampler()['tokens'].to(self.device)
 
         # per rank sizes
         self.per_rank_rollout_batch_size = utils.exact_div(hparams.ppo.batch_size, utils.get_world_size())
@@ -237,6 +240,7 @@ class PPOTrainer:
         ref_logprobs = ref_logprobs.float()
         scores = scores.float()
         score_stats = {k: v.float() for k, v in score_stats.items()}
+        checkpointing.check_finite(self.global_step, scores=scores)  # ours: a broken reward model stops here
 
         # KL-penalized per-token rewards with this batch's KL coefficient.
         kl_coef = self.kl_ctl.value
@@ -296,6 +300,9 @@ class PPOTrainer:
         # Average the gradients over ranks (the original's MPI allreduce in `minimize`); every rank then
         # applies the same update, so the ranks' policies stay identical. No gradient clipping.
         utils.average_gradients(list(self.policy.parameters()))
+        # Ours: stop before a non-finite update is applied (and so before it could be saved).
+        checkpointing.check_finite(self.global_step, loss=ppo_loss_value,
+                                   grad_norm=checkpointing.grad_norm(self.policy.parameters()))
         self.optimizer.step()
         return stats
 
@@ -408,7 +415,14 @@ def make_score_fn(hparams, score_model):
 
 
 def train(hparams: HParams):
+    """Ours: rerun with the same hparams and save dir, it resumes from the last training states there."""
     save_dir = hparams.run.save_dir
+    if save_dir:
+        # Ours: a save dir holding another run is refused before anything is written into it. With
+        # train_new_model, rewards.trained_model is set to <save_dir>/reward_model below (so it differs).
+        checkpointing.check_resume_compatible(
+            save_dir, hparams.to_nested_dict(), 'train_policy_hparams.json',
+            ignore=('rewards.trained_model',) if hparams.rewards.train_new_model else ())
     if hparams.rewards.train_new_model:
         if hparams.task != hparams.rewards.train_new_model.task:
             raise ValueError(f'rewards.train_new_model.task must equal task: '
@@ -479,12 +493,32 @@ def train(hparams: HParams):
 
     saved_step = None
 
+    def save_model():
+        trained_models.save_checkpoint(policy_dir, ppo_trainer.global_step, policy,
+                                       hparams=m.hparams(), encoding=m.encoding)
+
     def save():
+        """The model checkpoint (as the original) and ours, the training state for resuming (policy,
+        Adam, step, KL coefficient, query position, RNGs of every rank; see utils/checkpointing.py).
+        Collective; called between PPO batches only."""
         nonlocal saved_step
-        if save_dir and utils.is_root() and saved_step != ppo_trainer.global_step:
-            trained_models.save_checkpoint(policy_dir, ppo_trainer.global_step, policy,
-                                           hparams=m.hparams(), encoding=m.encoding)
+        if save_dir and saved_step != ppo_trainer.global_step:
+            checkpointing.save_train_state(
+                policy_dir, ppo_trainer.global_step, modules=dict(policy=policy), optimizer=ppo_trainer.optimizer,
+                samplers=dict(query=ppo_trainer.query_sampler), extra=dict(kl_coef=ppo_trainer.kl_ctl.value),
+                save_model=save_model)
             saved_step = ppo_trainer.global_step
+
+    # Ours: continue from the last training state in the save dir, if any.
+    state = save_dir and checkpointing.load_latest_train_state(
+        policy_dir, modules=dict(policy=policy), optimizer=ppo_trainer.optimizer,
+        samplers=dict(query=ppo_trainer.query_sampler))
+    if state:
+        ppo_trainer.global_step = saved_step = state.step
+        ppo_trainer.kl_ctl.value = state.extra['kl_coef']
+        checkpointing.drop_stats_from(ppo_trainer.stats_jsonl, state.step)  # the steps after it are redone
+        if utils.is_root():
+            print(f'resuming from {state.path} (step {state.step})')
 
     try:
         while ppo_trainer.global_step < nupdates(hparams):
@@ -493,12 +527,23 @@ def train(hparams: HParams):
 
             if ppo_trainer.global_step % hparams.run.save_interval == 0:
                 save()
-    finally:
         save()
+    except (checkpointing.NonFiniteError, checkpointing.CheckpointWriteError):
+        raise  # nothing more is written: no non-finite values, and a failed save would only fail again
+    except BaseException:
+        # The original's `finally: save()`: rank 0 keeps the weights reached so far. Only the model
+        # checkpoint: a training state is written between PPO batches, on every rank, and this one
+        # may be mid-batch or alone (its peers gone).
+        if save_dir and utils.is_root() and saved_step != ppo_trainer.global_step:
+            save_model()
+        raise
+    finally:
         if ppo_trainer.summary_writer is not None:
             ppo_trainer.summary_writer.close()
         if ppo_trainer.wandb_run is not None:
             ppo_trainer.wandb_run.finish()
+    if save_dir and utils.is_root():
+        plots.plot_learning_curves(save_dir)  # ours: <save_dir>/train_policy_curves.png (and the reward model's)
 
 
 def _wandb_init(hparams):

@@ -17,8 +17,9 @@ import torch
 from lm_human_preferences import label_types, lm_tasks, rewards
 from lm_human_preferences.language import trained_models
 from lm_human_preferences.policy import Policy
+from lm_human_preferences.utils import checkpointing
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import gcs, hyperparams
+from lm_human_preferences.utils import gcs, hyperparams, plots
 
 
 @dataclass
@@ -132,7 +133,8 @@ class RewardModelTrainer():
         self.reward_model = reward_model
 
         self.policy = policy
-        self.query_sampler = query_sampler
+        # Counted, so that a resumed run continues the query stream where it was (see save()).
+        self.query_sampler = None if query_sampler is None else checkpointing.CountingSampler(query_sampler)
         self.hparams = hparams
         self.num_ranks = utils.get_world_size()
         self.rank = utils.get_rank()
@@ -161,6 +163,11 @@ class RewardModelTrainer():
         self.optimizer = utils.AdamTF(self.reward_model.parameters(), lr=hparams.lr, eps=1e-5)
         # Minibatches trained so far (the original's train_step variable): the only training position.
         self.global_step = 0
+        # Ours, for resuming: the label order (drawn once after normalize_before), the results so far, and
+        # whether training finished (the model checkpoint is written).
+        self.train_indices = None
+        self.results = {}
+        self.done = False
 
     def _to_device(self, labels):
         # Token ids are stored int32 as the original's buffer; our models take int64 ids.
@@ -178,6 +185,9 @@ class RewardModelTrainer():
         self.optimizer.zero_grad(set_to_none=True)
         stats['loss'].backward()
         utils.average_gradients(list(self.reward_model.parameters()))
+        # Ours: stop before a non-finite update is applied (and so before it could be saved).
+        checkpointing.check_finite(self.global_step, loss=stats['loss'],
+                                   grad_norm=checkpointing.grad_norm(self.reward_model.parameters()))
         self.optimizer.step()
 
         step = self.global_step
@@ -224,7 +234,9 @@ class RewardModelTrainer():
         if self.rank == 0:
             print(f'targets: {new_mean} +- {new_std}')
             print(f'before normalize: {mean} +- {std}')
-        assert np.isfinite((mean, std, new_mean, new_std)).all()
+        # The original asserted np.isfinite; this error names the statistic.
+        checkpointing.check_finite(self.global_step, reward_mean=mean, reward_std=std,
+                                   target_mean=new_mean, target_std=new_std)
         self.reward_model.set_reward_norm(old_mean=mean, old_std=std, new_mean=new_mean, new_std=new_std)
 
     @torch.no_grad()
@@ -305,18 +317,25 @@ class RewardModelTrainer():
         )
 
         self.add_to_buffer(labels)
-        results = {}
 
-        if self.hparams.normalize_before:
-            target_mean, target_std = self.target_mean_std()
-            results['normalize_before'] = self.normalize(self.sample_policy_responses, target_mean, target_std)
+        # Ours: continue from the last training state in the save dir, if any (after the labels are
+        # checked, so a resumed run validates its inputs too).
+        if self.resume() and self.done:
+            return self.results
+        results = self.results
+
+        if self.train_indices is None:  # a fresh run (a resumed one has normalized already)
+            if self.hparams.normalize_before:
+                target_mean, target_std = self.target_mean_std()
+                results['normalize_before'] = self.normalize(self.sample_policy_responses, target_mean, target_std)
+
+            # Make sure each rank gets the same shuffle so we train on each point exactly once
+            self.train_indices = utils.mpi_bcast(np.random.permutation(self.hparams.labels.num_train))
+        train_indices = self.train_indices
 
         # Collect training data for reward model training.  train_indices will include the indices
         # trained on across all ranks, and its size must be a multiple of minibatch_size.
         per_rank_batch_size = utils.exact_div(self.hparams.batch_size, self.num_ranks)
-
-        # Make sure each rank gets the same shuffle so we train on each point exactly once
-        train_indices = utils.mpi_bcast(np.random.permutation(self.hparams.labels.num_train))
 
         # Train on train_indices. The loop runs on global_step (batch global_step covers
         # train_indices[global_step * batch_size:][:batch_size]), so a restored global_step resumes it.
@@ -329,6 +348,9 @@ class RewardModelTrainer():
             our_indices = all_ranks_indices[self.rank::self.num_ranks]
             lr = (1 - start_index / self.hparams.labels.num_train) * self.hparams.lr
             results['train'] = self.train_batch(our_indices, lr)
+            # Ours: the original saved only at the end; a training state every save_interval batches.
+            if self.global_step % self.hparams.run.save_interval == 0:
+                self.save(done=False)
 
         # Ours: evaluate the model as trained, before normalize_after rescales it (the accuracy does not
         # change under that positive affine map; the loss would).
@@ -344,19 +366,56 @@ class RewardModelTrainer():
             results['normalize_after'] = self.normalize(self.sample_policy_responses, target_mean, target_std)
         return results
 
-    def save(self):
-        """Write <save_dir>/reward_model/checkpoints/model-<global_step>.safetensors (model, reward head,
-        reward_norm gain/bias) with its hparams.json and encoding, on rank 0. The only place that saves."""
+    def save(self, *, done=True):
+        """The only place that saves; collective. Writes the training state for resuming (ours: model,
+        Adam, step, label order, query position, RNGs; see utils/checkpointing.py) into
+        <save_dir>/reward_model/train_state, and when done (at the end, as the original) first
+        <save_dir>/reward_model/checkpoints/model-<global_step>.safetensors (model, reward head,
+        reward_norm gain/bias) with its hparams.json and encoding."""
         save_dir = self.hparams.run.save_dir
-        if self.rank != 0 or not save_dir:
-            return None
-        return trained_models.save_checkpoint(
-            os.path.join(save_dir, 'reward_model'), self.global_step, self.reward_model,
-            hparams=self.reward_model.hparams, encoding=self.reward_model.trained_model.encoding)
+        if not save_dir:
+            return
+        model_dir = os.path.join(save_dir, 'reward_model')
+
+        def save_model():
+            trained_models.save_checkpoint(
+                model_dir, self.global_step, self.reward_model,
+                hparams=self.reward_model.hparams, encoding=self.reward_model.trained_model.encoding)
+        checkpointing.save_train_state(
+            model_dir, self.global_step, modules=dict(reward_model=self.reward_model), optimizer=self.optimizer,
+            samplers={} if self.query_sampler is None else dict(query=self.query_sampler),
+            extra=dict(train_indices=self.train_indices, results=self.results, done=done),
+            save_model=save_model if done else None)
+        self.done = done
+
+    def resume(self):
+        """Ours: restore the newest valid training state of <save_dir>/reward_model, if any (see save()).
+        Returns whether there was one."""
+        save_dir = self.hparams.run.save_dir
+        state = save_dir and checkpointing.load_latest_train_state(
+            os.path.join(save_dir, 'reward_model'), modules=dict(reward_model=self.reward_model),
+            optimizer=self.optimizer, samplers={} if self.query_sampler is None else dict(query=self.query_sampler))
+        if not state:
+            return False
+        self.global_step = state.step
+        self.train_indices = state.extra['train_indices']
+        self.results = state.extra['results']
+        self.done = state.extra['done']
+        if not self.done:
+            checkpointing.drop_stats_from(self.stats_path, state.step)  # the steps after it are redone
+        if self.rank == 0:
+            print(f'resuming reward model training from {state.path} (step {state.step}'
+                  f'{", already finished" if self.done else ""})')
+        return True
 
 
 def train(hparams: HParams):
-    """Train a reward model; returns RewardModelTrainer.train()'s results (ours; the original: None)."""
+    """Train a reward model; returns RewardModelTrainer.train()'s results (ours; the original: None).
+    Ours: rerun with the same hparams and save dir, it resumes from the last training state there."""
+    if hparams.run.save_dir:
+        # Ours: a save dir holding another run is refused before anything is written into it.
+        checkpointing.check_resume_compatible(hparams.run.save_dir, hparams.to_nested_dict(),
+                                              'train_reward_hparams.json')
     if utils.is_root():
         hyperparams.dump(hparams)
     utils.set_mpi_seed(hparams.run.seed)
@@ -404,7 +463,10 @@ def train(hparams: HParams):
     utils.sync_params(reward_model)
 
     results = reward_trainer.train()
-    reward_trainer.save()
+    if not reward_trainer.done:  # a run resumed after it finished has nothing to save
+        reward_trainer.save()
     if reward_trainer.summary_writer is not None:
         reward_trainer.summary_writer.close()
+    if save_dir and utils.is_root():
+        plots.plot_learning_curves(save_dir)  # ours: <save_dir>/train_reward_curves.png
     return results

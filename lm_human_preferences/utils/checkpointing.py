@@ -1,0 +1,606 @@
+"""Resumable training state, atomic file writes, run compatibility and non-finite checks (ours: the
+original could not resume).
+
+The original saved only model weights (tf.train.Saver) and always started from scratch. A long RLHF run
+dies to preemption, a full disk or a crashed worker, so both trainers also save their full *training
+state* here, from their one save function, and pick it up again when the same command is rerun:
+
+    <dir>/train_state/state-<step>.safetensors   tensors: `modules.<name>.<state_dict key>` for each
+                                                 module, `optimizer.<param index>.<key>` (Adam m, v),
+                                                 `extra.<key>` for tensors among the trainer's extras
+    <dir>/train_state/state-<step>.json          everything else (step, the trainer's scalar extras such
+                                                 as the KL coefficient, optimizer param groups, how many
+                                                 batches each query sampler has drawn, the RNG states
+                                                 of every rank), the sha256 of the .safetensors file
+                                                 and a sha256 of the JSON itself
+
+The .json is written last and is the commit marker: a step whose .json is absent does not exist. Both
+files are written atomically (temporary file, fsync, rename, fsync of the directory); the last
+`keep` states are kept. On load, the newest state whose checksums verify is used; every newer one that
+does not is skipped with a warning, never loaded. Nothing is unpickled: tensors come from safetensors,
+the rest from JSON, and a pickle / torch.save file is refused by its first bytes.
+
+Resuming restores the exact RNG streams: the trainers rebuild everything as a fresh run would, then
+`load_latest_train_state` replays the query samplers to their saved positions and only after that
+restores every rank's RNG states (so the replay's own random draws do not matter). Frozen models (the
+reference policy, the reward model a policy trains against) are not saved: they are rebuilt from their
+checkpoints, or for random `test` models from run.seed, exactly as before the crash.
+"""
+
+import base64
+import hashlib
+import json
+import os
+import random
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from lm_human_preferences.utils import core
+
+TRAIN_STATE_SUBDIR = 'train_state'
+FORMAT = 'lm_human_preferences train state v1'
+_STATE_RE = re.compile(r'state-(\d+)\.json')
+_TMP_RE = re.compile(r'.*\.tmp-\d+')
+
+
+class CheckpointError(ValueError):
+    """A training state that cannot be saved or loaded; the message is one line naming the file. (A
+    ValueError, as other bad inputs: launch.py reports it in one line.)"""
+
+
+class CheckpointWriteError(CheckpointError, OSError):
+    """A save failed (e.g. ENOSPC); the temporary file is removed and earlier states are kept."""
+
+
+class IncompatibleRunError(ValueError):
+    """The save dir holds a run with other hyperparameters."""
+
+
+class NonFiniteError(FloatingPointError):
+    """A loss, reward or gradient is NaN or infinite."""
+
+
+class CheckpointWarning(UserWarning):
+    """A corrupt or truncated training state was skipped."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Files
+
+def fsync_dir(directory):
+    """Make renames / creations inside directory durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path, data: bytes):
+    """Write data to path so that path holds either its old content or all of data, never a part.
+
+    Written to `<path>.tmp-<pid>` with os.write (short writes continued), fsynced, renamed over path,
+    and the directory fsynced. On any error (ENOSPC, EIO, ...) the temporary file is removed and the
+    OSError propagates; path is untouched.
+    """
+    tmp = f'{path}.tmp-{os.getpid()}'
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def refuse_pickle(path):
+    """Raise if path starts like a pickle: torch.save writes a zip (PK..) holding one, and raw pickles
+    start with the PROTO opcode 0x80. Unpickling can run arbitrary code, so we never do it."""
+    with open(path, 'rb') as f:
+        magic = f.read(4)
+    if magic.startswith(b'PK\x03\x04') or magic[:1] == b'\x80':
+        raise CheckpointError(f'refusing to load {path}: it is a pickle / torch.save file (unpickling can run '
+                              f'arbitrary code); training states must be safetensors + JSON')
+
+
+def _sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 24), b''):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _canonical(obj):
+    return json.dumps(obj, sort_keys=True, separators=(',', ':')).encode()
+
+
+def _paths(state_dir, step):
+    base = os.path.join(state_dir, f'state-{int(step)}')
+    return base + '.safetensors', base + '.json'
+
+
+def train_state_steps(save_dir):
+    """Steps of the committed (.json present) training states in save_dir, newest first."""
+    state_dir = os.path.join(save_dir, TRAIN_STATE_SUBDIR)
+    if not os.path.isdir(state_dir):
+        return []
+    return sorted((int(m.group(1)) for m in map(_STATE_RE.fullmatch, os.listdir(state_dir)) if m), reverse=True)
+
+
+# ---------------------------------------------------------------------------------------------------
+# RNG states (JSON-able)
+
+def _b64(t: torch.Tensor):
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode()
+
+
+def _from_b64(s):
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
+
+
+def _rng_state(generators):
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    return dict(
+        torch=_b64(torch.get_rng_state()),
+        cuda=_b64(torch.cuda.get_rng_state()) if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
+        numpy=[name, keys.tolist(), int(pos), int(has_gauss), float(cached_gaussian)],
+        python=[version, list(internal), gauss_next],
+        generators={k: _b64(g.get_state()) for k, g in generators.items()},
+    )
+
+
+def _set_rng_state(state, generators, *, source):
+    torch.set_rng_state(_from_b64(state['torch']))
+    if state['cuda'] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(_from_b64(state['cuda']))
+    name, keys, pos, has_gauss, cached_gaussian = state['numpy']
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
+    version, internal, gauss_next = state['python']
+    random.setstate((version, tuple(internal), gauss_next))
+    if set(state['generators']) != set(generators):
+        raise CheckpointError(f'{source} has RNG states of generators {sorted(state["generators"])}, but this '
+                              f'run uses {sorted(generators)}')
+    for k, g in generators.items():
+        g.set_state(_from_b64(state['generators'][k]))
+
+
+def _gather_to_root(obj):
+    """[obj of rank 0, obj of rank 1, ...] on rank 0, None elsewhere (collective)."""
+    if core.get_world_size() == 1:
+        return [obj]
+    gathered = [None] * core.get_world_size() if core.is_root() else None
+    dist.gather_object(obj, gathered, dst=0)
+    return gathered
+
+
+# ---------------------------------------------------------------------------------------------------
+# Data position
+
+class CountingSampler:
+    """Wraps a query sampler (a function returning the next batch) and counts the batches it has drawn,
+    so that a resumed run can skip to the same place in the query stream (the stream is deterministic
+    given its seed, but its sampler has no way to seek: we draw and drop the batches already used)."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+        self.batches_drawn = 0
+
+    def __call__(self):
+        batch = self.sampler()
+        self.batches_drawn += 1
+        return batch
+
+    def skip_to(self, batches_drawn):
+        if batches_drawn < self.batches_drawn:
+            raise CheckpointError(f'cannot rewind a query sampler from batch {self.batches_drawn} to {batches_drawn}')
+        while self.batches_drawn < batches_drawn:
+            self()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Save
+
+def _tensor_state(modules, optimizer, extra):
+    """(tensors for safetensors, JSON-able rest) of modules, optimizer and extra."""
+    tensors, json_state = {}, {}
+    for name, module in modules.items():
+        for k, v in module.state_dict().items():
+            tensors[f'modules.{name}.{k}'] = v
+    opt = optimizer.state_dict()
+    opt_scalars = {}
+    for idx, param_state in opt['state'].items():
+        for k, v in param_state.items():
+            if isinstance(v, torch.Tensor):
+                tensors[f'optimizer.{idx}.{k}'] = v
+            else:
+                opt_scalars.setdefault(str(idx), {})[k] = v
+    json_state['optimizer'] = dict(param_groups=opt['param_groups'], state_scalars=opt_scalars)
+    json_extra, extra_tensors = {}, {}
+    for k, v in extra.items():
+        if isinstance(v, (torch.Tensor, np.ndarray)):
+            extra_tensors[k] = 'numpy' if isinstance(v, np.ndarray) else 'torch'
+            tensors[f'extra.{k}'] = torch.as_tensor(v)
+        else:
+            json_extra[k] = v
+    json_state['extra'] = json_extra
+    json_state['extra_tensors'] = extra_tensors
+    # Copies on the CPU: safetensors refuses tensors that share memory (tied weights) and needs contiguity.
+    tensors = {k: v.detach().to('cpu', copy=True).contiguous() for k, v in tensors.items()}
+    return tensors, json_state
+
+
+def save_train_state(save_dir, step, *, modules: Dict[str, torch.nn.Module], optimizer, extra: Optional[dict] = None,
+                     samplers: Optional[Dict[str, CountingSampler]] = None,
+                     generators: Optional[Dict[str, torch.Generator]] = None, keep=3,
+                     save_model: Optional[Callable[[], Any]] = None):
+    """Save the full training state after `step` steps into <save_dir>/train_state (see the module doc).
+
+    Collective: every rank calls it (each rank's RNG states are gathered to rank 0); only rank 0 writes.
+    extra: the trainer's own state, JSON-able values plus torch / numpy arrays. Modules and the optimizer
+    must be the same on every rank (they are: gradients are averaged). save_model: called on rank 0
+    before the state is written (the trainers write their model checkpoint with it, so a state never
+    exists without the checkpoint of its step). On a failed write (e.g. a full disk) every rank raises
+    CheckpointWriteError naming the file and errno; earlier states and checkpoints stay intact.
+    Returns the path of the .json on rank 0, None elsewhere.
+    """
+    extra = dict(extra or {})
+    samplers = dict(samplers or {})
+    generators = dict(generators or {})
+    rng_states = _gather_to_root(_rng_state(generators))
+    error = root_error = sidecar_path = None
+    if core.is_root():
+        try:
+            tensors, json_state = _tensor_state(modules, optimizer, extra)
+            if save_model is not None:
+                _save_model(save_model, save_dir)
+            sidecar_path = _write_train_state(save_dir, step, tensors, dict(
+                json_state,
+                format=FORMAT,
+                step=int(step),
+                world_size=core.get_world_size(),
+                modules=sorted(modules),
+                samplers={k: s.batches_drawn for k, s in samplers.items()},
+                rng=rng_states,
+            ), keep=keep)
+        except Exception as e:
+            root_error, error = e, (str(e), getattr(e, 'errno', None))
+    # Every rank learns whether rank 0 succeeded, so that none goes on into the next collective alone.
+    error = core.mpi_bcast(error)
+    if root_error is not None:
+        raise root_error
+    if error is not None:
+        e = CheckpointWriteError(error[0])
+        e.errno = error[1]
+        raise e
+    return sidecar_path
+
+
+def _one_line(e: OSError):
+    return f'[Errno {e.errno}] {e.strerror}' if e.errno is not None else str(e)
+
+
+def _save_model(save_model, save_dir):
+    try:
+        save_model()
+    except OSError as e:
+        err = CheckpointWriteError(f'could not save the model checkpoint in {save_dir}: {_one_line(e)} '
+                                   f'(earlier checkpoints are kept)')
+        err.errno = e.errno
+        raise err from e
+
+
+def _write_train_state(save_dir, step, tensors, sidecar, *, keep):
+    from safetensors.torch import save
+    state_dir = os.path.join(save_dir, TRAIN_STATE_SUBDIR)
+    tensors_path, sidecar_path = _paths(state_dir, step)
+    path = tensors_path
+    try:
+        os.makedirs(state_dir, exist_ok=True)
+        _remove_stale_temporaries(state_dir)
+        if os.path.exists(sidecar_path):
+            # Re-saving a step: uncommit it first, so that a crash below cannot pair the old .json with
+            # the new tensors (the step would look corrupt instead of simply absent).
+            os.remove(sidecar_path)
+            fsync_dir(state_dir)
+        data = save(tensors)
+        atomic_write(tensors_path, data)
+        sidecar = dict(sidecar, tensors=os.path.basename(tensors_path),
+                       tensors_sha256=hashlib.sha256(data).hexdigest(), tensors_bytes=len(data))
+        del data
+        sidecar['sha256'] = hashlib.sha256(_canonical(sidecar)).hexdigest()
+        path = sidecar_path
+        atomic_write(sidecar_path, json.dumps(sidecar, indent=1, sort_keys=True).encode())
+    except OSError as e:
+        if path == sidecar_path and os.path.exists(tensors_path):
+            os.remove(tensors_path)  # its .json never arrived: the tensors alone are no state
+        err = CheckpointWriteError(f'could not save the training state to {path}: {_one_line(e)} '
+                                   f'(earlier states in {state_dir} are kept)')
+        err.errno = e.errno
+        raise err from e
+    _prune(state_dir, keep=keep)
+    return sidecar_path
+
+
+def _remove_stale_temporaries(state_dir):
+    """Temporary files of a save that was killed (SIGKILL) before its rename."""
+    for name in os.listdir(state_dir):
+        if _TMP_RE.fullmatch(name):
+            os.remove(os.path.join(state_dir, name))
+
+
+def _prune(state_dir, *, keep):
+    steps = train_state_steps(os.path.dirname(state_dir))
+    for step in steps[keep:]:
+        for path in reversed(_paths(state_dir, step)):  # the .json (commit marker) first
+            if os.path.exists(path):
+                os.remove(path)
+    # Tensors whose .json never arrived (a crash between the two renames).
+    committed = set(steps)
+    for name in os.listdir(state_dir):
+        m = re.fullmatch(r'state-(\d+)\.safetensors', name)
+        if m and int(m.group(1)) not in committed:
+            os.remove(os.path.join(state_dir, name))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Load
+
+@dataclass
+class TrainState:
+    step: int
+    extra: Dict[str, Any]
+    path: str  # the .json
+
+
+def _verified_sidecar(state_dir, step):
+    """The sidecar dict of step if both files verify; raises CheckpointError naming the problem otherwise."""
+    tensors_path, sidecar_path = _paths(state_dir, step)
+    try:
+        refuse_pickle(sidecar_path)
+        with open(sidecar_path, 'rb') as f:
+            sidecar = json.loads(f.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f'{sidecar_path} is not valid JSON ({e})') from None
+    if not isinstance(sidecar, dict) or sidecar.get('format') != FORMAT:
+        raise CheckpointError(f'{sidecar_path} is not a training state of ours (format {FORMAT!r})')
+    claimed = sidecar.pop('sha256', None)
+    if claimed != hashlib.sha256(_canonical(sidecar)).hexdigest():
+        raise CheckpointError(f'{sidecar_path}: checksum mismatch (the file is corrupt)')
+    if sidecar['step'] != step:
+        raise CheckpointError(f'{sidecar_path} holds step {sidecar["step"]}, not {step}')
+    if not os.path.isfile(tensors_path):
+        raise CheckpointError(f'{tensors_path} is missing')
+    refuse_pickle(tensors_path)
+    size = os.path.getsize(tensors_path)
+    if size != sidecar['tensors_bytes']:
+        raise CheckpointError(f'{tensors_path} has {size} bytes, expected {sidecar["tensors_bytes"]} (truncated?)')
+    if _sha256_file(tensors_path) != sidecar['tensors_sha256']:
+        raise CheckpointError(f'{tensors_path}: checksum mismatch (the file is corrupt)')
+    return sidecar
+
+
+def _choose_train_state(save_dir):
+    """(step, sidecar) of the newest verified state, warning about each newer one skipped; None if none."""
+    state_dir = os.path.join(save_dir, TRAIN_STATE_SUBDIR)
+    skipped = []
+    for step in train_state_steps(save_dir):
+        try:
+            sidecar = _verified_sidecar(state_dir, step)
+        except (CheckpointError, OSError) as e:
+            warnings.warn(f'skipping training state {step} in {state_dir}: {e}', CheckpointWarning, stacklevel=3)
+            skipped.append(step)
+            continue
+        return step, sidecar
+    if skipped:
+        raise CheckpointError(f'no valid training state in {state_dir}: every one (steps {skipped}) is corrupt; '
+                              f'move the directory away to start afresh')
+    return None
+
+
+def _check_keys(source, what, loaded: dict, expected: dict):
+    """One-line errors for missing, unknown or mis-shaped tensors (state_dict loading prints many lines)."""
+    missing = sorted(set(expected) - set(loaded))
+    unknown = sorted(set(loaded) - set(expected))
+    if missing:
+        raise CheckpointError(f'{source}: {what} {missing[0]!r} is missing ({len(missing)} missing in all)')
+    if unknown:
+        raise CheckpointError(f'{source}: unknown {what} {unknown[0]!r} ({len(unknown)} unknown in all)')
+    for k, v in expected.items():
+        if tuple(loaded[k].shape) != tuple(v.shape):
+            raise CheckpointError(f'{source}: {what} {k!r} has shape {list(loaded[k].shape)}, '
+                                  f'this run expects {list(v.shape)}')
+
+
+def load_latest_train_state(save_dir, *, modules: Dict[str, torch.nn.Module], optimizer,
+                            samplers: Optional[Dict[str, CountingSampler]] = None,
+                            generators: Optional[Dict[str, torch.Generator]] = None) -> Optional[TrainState]:
+    """Restore the newest valid training state of save_dir into modules, optimizer, samplers (replayed to
+    their saved positions) and RNGs (each rank its own, last); None when save_dir has none.
+
+    Collective: rank 0 picks the state (verifying checksums, warning about skipped ones) and tells the
+    others, which then read the same files (the save dir must be visible to every rank, as it already is
+    for the reward model that train_policy loads).
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    samplers = dict(samplers or {})
+    generators = dict(generators or {})
+    chosen = None
+    if core.is_root() and save_dir:
+        try:
+            chosen = _choose_train_state(save_dir)
+        except CheckpointError as e:
+            chosen = e  # raised on every rank below, so that none waits for the others
+    chosen = core.mpi_bcast(chosen)
+    if isinstance(chosen, CheckpointError):
+        raise chosen
+    if chosen is None:
+        return None
+    step, sidecar = chosen
+    tensors_path, source = _paths(os.path.join(save_dir, TRAIN_STATE_SUBDIR), step)
+    if sidecar['world_size'] != core.get_world_size():
+        raise CheckpointError(f'{source} was written by {sidecar["world_size"]} ranks, this run has '
+                              f'{core.get_world_size()}: resume with --mpi {sidecar["world_size"]}')
+    if sorted(modules) != sidecar['modules']:
+        raise CheckpointError(f'{source} holds modules {sidecar["modules"]}, this run saves {sorted(modules)}')
+    try:
+        tensors = load_file(tensors_path)
+    except SafetensorError as e:
+        raise CheckpointError(f'{tensors_path} is not a valid safetensors file: {e}') from None
+
+    for name, module in modules.items():
+        prefix = f'modules.{name}.'
+        state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        _check_keys(source, f'{name} tensor', state, module.state_dict())
+        module.load_state_dict(state)
+
+    opt = optimizer.state_dict()
+    opt_state = {}
+    for key, v in tensors.items():
+        if key.startswith('optimizer.'):
+            _, idx, k = key.split('.', 2)
+            opt_state.setdefault(int(idx), {})[k] = v
+    for idx, scalars in sidecar['optimizer']['state_scalars'].items():
+        opt_state.setdefault(int(idx), {}).update(scalars)
+    param_groups = sidecar['optimizer']['param_groups']
+    if [g['params'] for g in param_groups] != [g['params'] for g in opt['param_groups']]:
+        raise CheckpointError(f'{source}: the optimizer state is for other parameters than this run\'s')
+    # JSON has no tuples: give back the types the optimizer uses (e.g. betas).
+    param_groups = [{k: tuple(v) if isinstance(ours.get(k), tuple) else v for k, v in g.items()}
+                    for g, ours in zip(param_groups, opt['param_groups'])]
+    # load_state_dict moves the state tensors to each parameter's device and dtype.
+    optimizer.load_state_dict(dict(state=opt_state, param_groups=param_groups))
+
+    extra = dict(sidecar['extra'])
+    for k, kind in sidecar['extra_tensors'].items():
+        t = tensors[f'extra.{k}']
+        extra[k] = t.numpy() if kind == 'numpy' else t
+
+    # Replay the query streams first: the replay draws random numbers, which the RNG restore then undoes.
+    if set(sidecar['samplers']) != set(samplers):
+        raise CheckpointError(f'{source} has positions of samplers {sorted(sidecar["samplers"])}, '
+                              f'this run uses {sorted(samplers)}')
+    for k, sampler in samplers.items():
+        sampler.skip_to(sidecar['samplers'][k])
+    _set_rng_state(sidecar['rng'][core.get_rank()], generators, source=source)
+    return TrainState(step=step, extra=extra, path=source)
+
+
+def drop_stats_from(jsonl_path, step):
+    """Remove the lines of a stats .jsonl (`{"step": ...}` per line) logged at `step` or later, and a line
+    cut off by a kill: a run resumed at `step` logs those steps again. Rank 0 only, atomic."""
+    if not core.is_root() or not jsonl_path or not os.path.exists(jsonl_path):
+        return
+
+    def logged_before(line):
+        try:
+            return json.loads(line)['step'] < step
+        except (ValueError, KeyError, TypeError):
+            return False
+    with open(jsonl_path, 'rb') as f:
+        lines = f.read().splitlines(keepends=True)
+    keep = [line for line in lines if line.endswith(b'\n') and logged_before(line)]
+    if len(keep) != len(lines):
+        atomic_write(jsonl_path, b''.join(keep))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checks
+
+def _comparable(hparams_dict, save_dir):
+    """Flat hparams with the save dir factored out: fields named save_dir are dropped and paths inside
+    the run's save dir (e.g. train_policy's rewards.trained_model = <save_dir>/reward_model) are made
+    relative, so that a moved or differently spelled save dir still resumes."""
+    flat = core.flatten_dict(json.loads(json.dumps(hparams_dict)), sep='.')
+    root = flat.get('run.save_dir') if save_dir is None else save_dir
+    out = {}
+    for k, v in flat.items():
+        if k.split('.')[-1] == 'save_dir':
+            continue
+        if root and isinstance(v, str) and (v == root or v.startswith(root.rstrip('/') + '/')):
+            v = '<save_dir>' + v[len(root.rstrip('/')):]
+        out[k] = v
+    return out
+
+
+def check_resume_compatible(save_dir, hparams_dict, filename, *, ignore=()):
+    """Whether save_dir/filename (a trainer's saved hparams) exists; raises IncompatibleRunError if it
+    holds other hparams than hparams_dict (ours, to_nested_dict()).
+
+    Every field must match except `run.save_dir` (and paths inside it, compared relative to it) and the
+    dotted keys in `ignore` (fields the trainer derives from the save dir later): a resumed run must be
+    the same run, or its results would mix two configurations. Collective: rank 0 reads the file and
+    every rank returns or raises the same.
+    """
+    result = None
+    if core.is_root():
+        try:
+            result = _check_resume_compatible(save_dir, hparams_dict, filename, ignore)
+        except IncompatibleRunError as e:
+            result = str(e)
+    result = core.mpi_bcast(result)
+    if isinstance(result, str):
+        raise IncompatibleRunError(result)
+    return result
+
+
+def _check_resume_compatible(save_dir, hparams_dict, filename, ignore):
+    path = os.path.join(save_dir, filename)
+    if not os.path.exists(path):
+        return False
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise IncompatibleRunError(f'{path} is not valid JSON ({e}); choose another --save_dir or remove it') from None
+    theirs = _comparable(saved, None)
+    ours = _comparable(hparams_dict, save_dir)
+    diffs = sorted(k for k in set(theirs) | set(ours)
+                   if k not in ignore and theirs.get(k, '<unset>') != ours.get(k, '<unset>'))
+    if diffs:
+        k = diffs[0]
+        more = f' (and {len(diffs) - 1} more differences)' if len(diffs) > 1 else ''
+        raise IncompatibleRunError(
+            f'{save_dir} holds another run: its {filename} has {k}={theirs.get(k, "<unset>")!r}, this run has '
+            f'{k}={ours.get(k, "<unset>")!r}{more}. To resume that run, rerun its command with the same '
+            f'hyperparameters; to start a new run, choose another --save_dir')
+    return True
+
+
+def grad_norm(params):
+    """The global L2 norm of the .grad of params (those with one), as a 0-d fp32 tensor."""
+    norms = [torch.linalg.vector_norm(p.grad.detach().float()) for p in params if p.grad is not None]
+    if not norms:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack(norms))
+
+
+def check_finite(step, **metrics):
+    """Raise NonFiniteError naming the step and the metric if any value (a number or a tensor) is NaN or
+    infinite. Called before the optimizer step and before any save, so no bad state is ever applied or
+    written: the last checkpoint stays the last good one."""
+    for name, value in metrics.items():
+        t = torch.as_tensor(value).detach()
+        finite = torch.isfinite(t)
+        if not bool(finite.all()):
+            bad = t[~finite].flatten()
+            where = '' if t.dim() == 0 else f' ({bad.numel()} of {t.numel()} values, e.g. {bad[0].item()})'
+            value_str = f'{t.item()}' if t.dim() == 0 else 'non-finite'
+            raise NonFiniteError(f'non-finite {name} at step {step}: {value_str}{where}; training stopped '
+                                 f'(the checkpoints already written are kept)')

@@ -1,5 +1,4 @@
 """Shared pytest fixtures."""
-import os
 import sys
 from pathlib import Path
 

@@ -155,7 +155,7 @@ def cases(tmp):
                             lambda root: ['--labels.source', url, *REWARD_ARGS],
                             f'could not download {url}: connection failed'),
         'non_finite_loss': (None, fresh_labels, 'train_reward', lambda root: reward_args(root, '--lr', '1e30'),
-                            'NonFiniteError: non-finite loss at step 1: nan'),
+                            'error: non-finite loss at step 1: nan'),
         'full_disk_during_save': (None, None, 'train_policy',
                                   lambda root: ['--rewards.trained_model', 'test', *POLICY_ARGS],
                                   'error: could not save the training state to '

@@ -13,6 +13,7 @@ batch costs one fancy-index. Endless generator sources (`test`) are still encode
 """
 
 import hashlib
+import io
 import itertools
 import json
 import os
@@ -127,9 +128,9 @@ class Dataset:
         queries, valid = _encode_queries(texts, encoder=encoder, cut=cut, desc=f'{self.name} {mode}: encoding queries')
         if core.is_root():
             os.makedirs(os.path.dirname(base), exist_ok=True)
-            _atomic_write(base + '.json', lambda f: f.write(json.dumps(settings, indent=2).encode()))
-            _atomic_write(base + '.valid.npy', lambda f: np.save(f, valid))
-            _atomic_write(base + '.npy', lambda f: np.save(f, queries))  # last: its presence marks completion
+            gcs.atomic_write(base + '.json', json.dumps(settings, indent=2).encode())
+            gcs.atomic_write(base + '.valid.npy', _npy_bytes(valid))
+            gcs.atomic_write(base + '.npy', _npy_bytes(queries))  # last: its presence marks completion
         return queries, valid
 
     def _texts_path(self, mode):
@@ -148,9 +149,9 @@ class Dataset:
         texts_id = _texts_sha1(texts)
         if core.is_root():
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            _atomic_write(path + '.sha1', lambda f: f.write(texts_id.encode()))
+            gcs.atomic_write(path + '.sha1', texts_id.encode())
             # The original's book_passages format: one JSON string per line.
-            _atomic_write(path, lambda f: f.writelines(json.dumps(t).encode() + b'\n' for t in texts))
+            gcs.atomic_write(path, b''.join(json.dumps(t).encode() + b'\n' for t in texts))
         return texts, texts_id
 
 
@@ -273,18 +274,10 @@ def _read_jsonl(path):
         return [json.loads(line) for line in f]
 
 
-def _atomic_write(path, write):
-    """write(f) into a temporary file beside path, fsync, then rename over path."""
-    tmp = f'{path}.tmp-{os.getpid()}'
-    try:
-        with open(tmp, 'wb') as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+def _npy_bytes(array):
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
 
 
 def get_dataset(name) -> Dataset:

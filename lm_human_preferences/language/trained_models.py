@@ -209,29 +209,15 @@ def _state_of(module):
     return {prefix + k: v for k, v in module.state_dict().items()}
 
 
-def _write_atomic(path, data: bytes):
-    tmp = f'{path}.tmp-{os.getpid()}'
-    with open(tmp, 'wb') as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_checkpoint(dir, step, state, *, hparams, encoding):
     """Write a state dict (our keys) as `dir`'s checkpoint for `step`, with hparams.json and encoding."""
     ckpt_dir = os.path.join(dir, 'checkpoints')
     os.makedirs(ckpt_dir, exist_ok=True)
     hyperparams.save_json(hparams, os.path.join(dir, 'hparams.json'))
     name = encoding if isinstance(encoding, str) else encoding.name
-    _write_atomic(os.path.join(dir, 'encoding'), json.dumps(name).encode())
+    gcs.atomic_write(os.path.join(dir, 'encoding'), json.dumps(name).encode())
     path = os.path.join(ckpt_dir, f'model-{int(step)}.safetensors')
-    _write_atomic(path, save({k: v.detach().to('cpu', copy=True).contiguous() for k, v in state.items()}))
-    fd = os.open(ckpt_dir, os.O_RDONLY)  # make the rename itself durable
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    gcs.atomic_write(path, save({k: v.detach().to('cpu', copy=True).contiguous() for k, v in state.items()}))
     return path
 
 
@@ -258,13 +244,7 @@ def load_checkpoint(dir_or_file):
             raise FileNotFoundError(f'no checkpoint in {dir_or_file}/checkpoints (expected model-<step>.safetensors)')
     if not os.path.isfile(path):
         raise FileNotFoundError(f'checkpoint {path} does not exist')
-    with open(path, 'rb') as f:
-        magic = f.read(9)
-    # A safetensors file is an 8-byte header length, then the JSON header ('{'). torch.save writes a zip
-    # (PK..) holding a pickle; raw pickles start with the PROTO opcode 0x80.
-    if magic[8:9] != b'{' and (magic.startswith(b'PK\x03\x04') or magic[:1] == b'\x80'):
-        raise ValueError(f'refusing to load {path}: it is a pickle / torch.save file (unpickling can run '
-                         f'arbitrary code); checkpoints must be safetensors')
+    gcs.refuse_pickle(path)
     try:
         return load_file(path)
     except SafetensorError as e:

@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from lm_human_preferences.utils import core
+from lm_human_preferences.utils.gcs import atomic_write, fsync_dir, refuse_pickle
 
 TRAIN_STATE_SUBDIR = 'train_state'
 FORMAT = 'lm_human_preferences train state v1'
@@ -72,50 +73,6 @@ class CheckpointWarning(UserWarning):
 
 # ---------------------------------------------------------------------------------------------------
 # Files
-
-def fsync_dir(directory):
-    """Make renames / creations inside directory durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path, data: bytes):
-    """Write data to path so that path holds either its old content or all of data, never a part.
-
-    Written to `<path>.tmp-<pid>` with os.write (short writes continued), fsynced, renamed over path,
-    and the directory fsynced. On any error (ENOSPC, EIO, ...) the temporary file is removed and the
-    OSError propagates; path is untouched.
-    """
-    tmp = f'{path}.tmp-{os.getpid()}'
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
-
-
-def refuse_pickle(path):
-    """Raise if path starts like a pickle: torch.save writes a zip (PK..) holding one, and raw pickles
-    start with the PROTO opcode 0x80. Unpickling can run arbitrary code, so we never do it."""
-    with open(path, 'rb') as f:
-        magic = f.read(4)
-    if magic.startswith(b'PK\x03\x04') or magic[:1] == b'\x80':
-        raise CheckpointError(f'refusing to load {path}: it is a pickle / torch.save file (unpickling can run '
-                              f'arbitrary code); training states must be safetensors + JSON')
-
 
 def _sha256_file(path):
     h = hashlib.sha256()
@@ -402,7 +359,7 @@ def _choose_train_state(save_dir):
     for step in train_state_steps(save_dir):
         try:
             sidecar = _verified_sidecar(state_dir, step)
-        except (CheckpointError, OSError) as e:
+        except (ValueError, OSError) as e:  # CheckpointError, or refuse_pickle's ValueError
             warnings.warn(f'skipping training state {step} in {state_dir}: {e}', CheckpointWarning, stacklevel=3)
             skipped.append(step)
             continue

@@ -14,12 +14,13 @@ Differences from the original (all in PORTING.md):
 
 import difflib
 import json
-import os
 import sys
 import types
 import typing
 from dataclasses import fields, is_dataclass
 from functools import lru_cache
+
+from lm_human_preferences.utils import gcs
 
 
 # The error classes subclass the builtin exceptions the original raised (the original's tests expect
@@ -231,12 +232,7 @@ def dump(hparams, *, name='hparams', out=None):
 
 def save_json(hparams, path):
     """Write hparams.to_nested_dict() as JSON, atomically (the trainers save their hparams with this)."""
-    tmp = f'{path}.tmp-{os.getpid()}'
-    with open(tmp, 'w') as f:
-        json.dump(hparams.to_nested_dict(), f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    gcs.atomic_write(path, json.dumps(hparams.to_nested_dict(), indent=2).encode())
 
 
 def _can_distinguish_unambiguously(type_set):

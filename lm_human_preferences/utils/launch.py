@@ -219,9 +219,9 @@ def main(commands_dict, argv=None):
     except ConfigError as e:
         print(f'error: {e}', file=sys.stderr)
         sys.exit(2)
-    except (gcs.DownloadError, OSError, ValueError) as e:
+    except (gcs.DownloadError, OSError, ValueError, FloatingPointError) as e:
         # Bad inputs met while running (an unreachable URL, a missing or mismatched checkpoint, malformed
-        # labels, a full disk): one line naming the cause. LMHP_TRACEBACK=1 shows where it was raised.
+        # labels, a full disk, a non-finite loss): one line naming the cause. LMHP_TRACEBACK=1 shows where.
         if os.environ.get('LMHP_TRACEBACK'):
             raise
         print(f'error: {e}', file=sys.stderr)

@@ -273,7 +273,9 @@ class RewardModelTrainer():
 
     @torch.no_grad()
     def evaluate(self, labels, *, name):
-        """Ours: mean loss (the label type's) and, for best_of_N, accuracy (argmax reward == best) of the
+        """Ours: mean loss (the label type's) and, for best_of_N, accuracy (the labeled best gets the highest
+        reward; a k-way tie for the highest counts 1/k, as a random tie-break would, so a constant model scores
+        1/N, not 100%) of the
         reward model on labels (a dict of tensors), each rank scoring labels[rank::num_ranks]. Logged as
         <name>/loss and <name>/accuracy at the current global_step; returns that dict."""
         n = len(next(iter(labels.values())))
@@ -292,7 +294,8 @@ class RewardModelTrainer():
             loss_sum += stats['loss'].float().item() * batch_n  # the losses are means over the batch
             if isinstance(self.label_type, label_types.PickBest):
                 logits = torch.stack([scored[id(batch[k])] for k in sample_keys], dim=1)
-                correct += (logits.argmax(dim=1) == batch['best']).sum().item()
+                is_max = logits == logits.max(dim=1, keepdim=True).values
+                correct += (is_max.gather(1, batch['best'].long()[:, None])[:, 0] / is_max.sum(dim=1)).sum().item()
         totals = utils.mpi_allreduce_sum(torch.tensor([float(len(ours)), loss_sum, correct], dtype=torch.float64))
         count = totals[0].item()
         results = {f'{name}/loss': totals[1].item() / count}

@@ -42,7 +42,9 @@ def _run_in_group(f):
     dist.init_process_group(backend=backend)
     f()
     # Only on success: after a failure a peer may be stuck in a collective, and tearing the group down
-    # could block; the parent kills the workers instead.
+    # could block; the parent kills the workers instead. The barrier first: a rank that tore down its
+    # connections while a peer still finished its last collective made gloo abort that peer (SIGABRT).
+    dist.barrier()
     dist.destroy_process_group()
 
 

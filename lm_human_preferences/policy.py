@@ -1,5 +1,7 @@
 """The policy: a language model with a value head (port of the original policy.py)."""
 
+from functools import partial
+
 import torch
 from torch import nn
 
@@ -33,8 +35,9 @@ class Policy(nn.Module):
     def get_encoder(self):
         return self.encoder
 
-    def step_core(self, model_hparams, tokens, past=None, past_tokens=None):
-        lm_output = self.model(tokens, past=past, past_tokens=past_tokens, padding_token=self.padding_token)
+    def step_core(self, model_hparams, tokens, past=None, past_tokens=None, output_positions=slice(None)):
+        lm_output = self.model(tokens, past=past, past_tokens=past_tokens, padding_token=self.padding_token,
+                               output_positions=output_positions)
         # need to slice logits since we don't want to generate special tokens
         logits = lm_output['lm_logits'][:, :, :self.model_hparams.n_vocab]
         return {
@@ -50,7 +53,8 @@ class Policy(nn.Module):
         contexts = self.embed_queries(queries)
         context_length = contexts.shape[1]
         result = sample.sample_sequence(
-            step=self.step_core,
+            # Sampling reads only the last position's logits and value (of the whole context first).
+            step=partial(self.step_core, output_positions=slice(-1, None)),
             context=contexts,
             length=length,
             model_hparams=self.model_hparams,
@@ -70,12 +74,13 @@ class Policy(nn.Module):
         contexts = self.embed_queries(queries)
         context_length = contexts.shape[1]
         tokens = torch.cat([contexts, responses], dim=1)
-        result = self.step_core(self.model_hparams, tokens)
-        logits = result['logits'][:, context_length - 1:-1]
+        # The positions that predict the response tokens (the original sliced them from all positions).
+        result = self.step_core(self.model_hparams, tokens, output_positions=slice(context_length - 1, -1))
+        logits = result['logits']
 
         logits = logits / self.temperature
         return dict(
             logprobs=utils.logprobs_from_logits(logits=logits, labels=responses),
             entropies=utils.entropy_from_logits(logits),
-            values=result['values'][:, context_length - 1:-1],
+            values=result['values'],
         )

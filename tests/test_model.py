@@ -105,6 +105,19 @@ def test_padding_equals_compacted_sequence():
             torch.testing.assert_close(out[key][b], expanded, atol=1e-5, rtol=0, msg=f'row {b} {key}')
 
 
+@pytest.mark.parametrize('positions', [slice(-1, None), slice(2, -1), slice(0, 3), slice(6, None)])
+def test_output_positions_equal_slicing_all_outputs(positions):
+    """Logits and heads computed only at output_positions equal those positions of the full outputs."""
+    m = _model(n_vocab=11, n_ctx=16, n_embd=8, n_head=2, n_layer=2, scalar_heads=['value', 'reward'])
+    X = torch.tensor([[3, 4, 13, 13, 5, 6, 13], [7, 13, 8, 9, 10, 13, 13]])
+    full = m(X, padding_token=13)
+    part = m(X, padding_token=13, output_positions=positions)
+    for key in ('lm_logits', 'value', 'reward'):
+        assert part[key].shape[1] == len(range(X.shape[1])[positions])
+        torch.testing.assert_close(part[key], full[key][:, positions], atol=1e-6, rtol=0, msg=key)
+    torch.testing.assert_close(part['h'], full['h'], atol=0, rtol=0)
+
+
 def test_first_token_pad_raises():
     m = _model(n_vocab=10, n_ctx=8, n_embd=4, n_head=2, n_layer=1)
     with pytest.raises(ValueError, match=r'rows \[1\] of X start with the padding token 11'):

@@ -217,12 +217,14 @@ class Model(nn.Module):
             name: ScalarHead(hparams.n_embd, w_init_stdev=0 if name == 'value' else 1 / math.sqrt(hparams.n_embd + 1))
             for name in self.scalar_heads})
 
-    def forward(self, X, past: Optional[KVCache] = None, past_tokens=None, padding_token=None):
+    def forward(self, X, past: Optional[KVCache] = None, past_tokens=None, padding_token=None,
+                output_positions=slice(None)):
         """X: token ids [b, s]. past: the `present` of an earlier call on the preceding tokens.
         past_tokens: those preceding tokens [b, p] (needed with padding_token, to mask pads in past).
+        output_positions: the positions (a slice of the s new ones) that get logits and head outputs.
 
-        Returns lm_logits [b, s, n_vocab] fp32, present (a KVCache of all t tokens), h [b, s, e] and
-        one [b, s] fp32 entry per scalar head.
+        Returns lm_logits [b, o, n_vocab] fp32, present (a KVCache of all t tokens), h [b, s, e] and
+        one [b, o] fp32 entry per scalar head, o being the number of output_positions (all s by default).
         """
         hp = self.hparams
         batch, sequence = X.shape
@@ -286,7 +288,9 @@ class Model(nn.Module):
         # Output layer and heads in fp32 even under bf16 autocast: bf16 would round logits of size ~100
         # to steps of 0.5.
         with torch.autocast(device_type=h.device.type, enabled=False):
-            h = h.float()
+            # Only the positions the caller uses: the original computed the logits everywhere and sliced
+            # them afterwards (same numbers), but the n_vocab projection is a large share of the FLOPs.
+            h = h[:, output_positions].float()
             # Language model logits: the output embedding is wte (tied), no bias.
             results['lm_logits'] = F.linear(h, self.wte)  # [b, s, n_vocab]
             for name, head in self.heads.items():

@@ -25,10 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -193,40 +191,16 @@ def synthetic_rollouts(m, w, seed=0):
     )
 
 
-def whiten(x, shift_mean=True):
-    mean, var = x.mean(), x.var(unbiased=False)
-    out = (x - mean) * torch.rsqrt(var + 1e-8)
-    return out if shift_mean else out + mean
-
-
 def hf_ppo_loss(outputs, rollouts, *, cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, gamma=1.0, lam=0.95):
-    """The original's PPOTrainer.loss, for the HF side (ours runs its own PPOTrainer.loss)."""
-    values, old_logprob = rollouts['values'], rollouts['logprobs']
-    rewards = whiten(rollouts['rewards'], shift_mean=False)
-    lastgaelam, advantages_reversed = 0, []
-    n = rewards.shape[1]
-    for t in reversed(range(n)):
-        nextvalues = values[:, t + 1] if t < n - 1 else 0.0
-        delta = rewards[:, t] + gamma * nextvalues - values[:, t]
-        lastgaelam = delta + gamma * lam * lastgaelam
-        advantages_reversed.append(lastgaelam)
-    advantages = torch.stack(advantages_reversed[::-1], dim=1)
-    returns = advantages + values
-    advantages = whiten(advantages).detach()
-    vpred = outputs['values']
-    vpredclipped = torch.clamp(vpred, values - cliprange_value, values + cliprange_value)
-    vf_losses1, vf_losses2 = (vpred - returns) ** 2, (vpredclipped - returns) ** 2
-    vf_loss = 0.5 * torch.maximum(vf_losses1, vf_losses2).mean()
-    logprob = outputs['logprobs']
-    ratio = torch.exp(logprob - old_logprob)
-    pg_losses = -advantages * ratio
-    pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    pg_loss = torch.maximum(pg_losses, pg_losses2).mean()
-    loss = pg_loss + vf_coef * vf_loss
-    stats = dict(entropy=outputs['entropies'].mean().detach(),
-                 approxkl=(0.5 * ((logprob - old_logprob) ** 2).mean()).detach(),
-                 clipfrac=(pg_losses2 > pg_losses).float().mean(), vf_clipfrac=(vf_losses2 > vf_losses1).float().mean())
-    return loss, stats
+    """PPOTrainer.loss for the HF side: train_policy's own PPO math on HF's outputs, so that the line
+    compares the models, not two copies of the loss."""
+    from lm_human_preferences import train_policy
+    advantages, returns = train_policy.compute_advantages(
+        rewards=rollouts['rewards'], values=rollouts['values'], gamma=gamma, lam=lam, whiten_rewards=True)
+    return train_policy.ppo_loss(
+        logprob=outputs['logprobs'], vpred=outputs['values'], entropies=outputs['entropies'],
+        old_logprob=rollouts['logprobs'], old_values=rollouts['values'], advantages=advantages,
+        returns=returns, cliprange=cliprange, cliprange_value=cliprange_value, vf_coef=vf_coef)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -403,7 +377,7 @@ class OursImpl:
     name = 'ours'
 
     def __init__(self, m, w, *, roles=('policy', 'ref_policy', 'reward_model')):
-        from lm_human_preferences import lm_tasks, train_policy
+        from lm_human_preferences import train_policy
         from lm_human_preferences.policy import Policy
         from lm_human_preferences.rewards import RewardModelTrainer
         from lm_human_preferences.utils import core

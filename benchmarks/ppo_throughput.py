@@ -130,18 +130,22 @@ def line_work(w, line):
     }[line]
 
 
-def measure_matmul_peak(dtype, *, n=2048, seconds=2.0):
-    """Best sustained GFLOP/s of a large square matmul: the machine's practical peak for `dtype`."""
-    a = torch.randn(n, n, dtype=dtype)
-    b = torch.randn(n, n, dtype=dtype)
-    c = torch.empty(n, n, dtype=dtype)
-    torch.matmul(a, b, out=c)
-    best, end = 0.0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t = time.perf_counter()
-        for _ in range(3):
-            torch.matmul(a, b, out=c)
-        best = max(best, 3 * 2 * n ** 3 / (time.perf_counter() - t))
+def measure_matmul_peak(dtype, *, sizes=(1024, 2048), seconds=2.0):
+    """Best FLOP/s of large square matmuls: the machine's practical peak for `dtype` (the best of a few
+    sizes and many reps, as a shared VM's speed varies by +-20% from second to second)."""
+    best = 0.0
+    for n in sizes:
+        a, b = torch.randn(n, n, dtype=dtype, device=device()), torch.randn(n, n, dtype=dtype, device=device())
+        c = torch.empty(n, n, dtype=dtype, device=device())
+        torch.matmul(a, b, out=c)
+        end = time.perf_counter() + seconds / len(sizes)
+        while time.perf_counter() < end:
+            sync()
+            t = time.perf_counter()
+            for _ in range(3):
+                torch.matmul(a, b, out=c)
+            sync()
+            best = max(best, 3 * 2 * n ** 3 / (time.perf_counter() - t))
     return best
 
 
@@ -653,7 +657,8 @@ def parse_args(argv=None):
     p.add_argument('--preset', choices=sorted(PRESETS), default='gpt2')
     for k in ('n_layer', 'n_embd', 'n_head', 'n_vocab', 'n_ctx'):
         p.add_argument(f'--{k.replace("_", "-")}', type=int, help=f'override the preset model {k}')
-    p.add_argument('--batch', type=int, nargs='+', default=[16], help='per-rank books batch sizes (e.g. 16 64)')
+    p.add_argument('--batch', type=int, nargs='*', default=[16],
+                   help='per-rank books batch sizes (e.g. 16 64; none: skip books, e.g. with --tldr)')
     p.add_argument('--tldr', action='store_true', help='also run the tldr shapes (query 500, response 75)')
     p.add_argument('--tldr-batch', type=int, default=8)
     p.add_argument('--nminibatches', type=int, default=1, help='PPO minibatches per batch (original default 1)')
@@ -690,14 +695,21 @@ def main(argv=None):
     def log(s):
         print(s, flush=True)
 
+    # The process setting launch.py applies (glibc keeps freed memory for reuse). Both implementations
+    # run in this process, so both get it.
+    from lm_human_preferences.utils import launch
+    malloc_tuned = launch.reuse_freed_memory()
     info = machine_info()
+    info['reuse_freed_memory'] = malloc_tuned
     log(f'machine: {info["cpu"]}, {info["cores"]} cores, torch {info["torch"]}, transformers '
-        f'{info["transformers"]}, {info["threads"]} threads' + (f', {info["cuda"]}' if info['cuda'] else ''))
+        f'{info["transformers"]}, {info["threads"]} threads, reuse_freed_memory {malloc_tuned}'
+        + (f', {info["cuda"]}' if info['cuda'] else ''))
     log(f'model: {m} ({(layer_params(m) + m["n_vocab"] * m["n_embd"]) / 1e6:.1f}M matmul params)')
     peaks = {'fp32': measure_matmul_peak(torch.float32)}
     if 'bf16' in args.dtypes:
         peaks['bf16'] = measure_matmul_peak(torch.bfloat16)
     log('matmul peak: ' + ', '.join(f'{k} {v / 1e9:.0f} GFLOP/s' for k, v in peaks.items()))
+    peaks_seen = {k: [v] for k, v in peaks.items()}
 
     workloads = [Workload('books', *preset['books'], b, args.nminibatches, args.noptepochs) for b in args.batch]
     if args.tldr:
@@ -725,6 +737,9 @@ def main(argv=None):
                         f' = {ctx_rows[-1][name] / ctx_rows[0][name]:.2f}x')
         del impls
         gc.collect()
+        # The peak again (the machine's load may have changed): MFU uses the best seen in the run.
+        for k in peaks:
+            peaks_seen[k].append(measure_matmul_peak(torch.float32 if k == 'fp32' else torch.bfloat16, seconds=1.0))
         if args.memory != 'off':
             mdt = args.dtypes if args.memory == 'all' else [d for d in args.dtypes if d == 'fp32']
             log(f'-- peak memory ({", ".join(mdt)}) --')
@@ -733,20 +748,22 @@ def main(argv=None):
                 mem[(w.label, name, dt)] = res['lines']
                 mem[(w.label, name, dt, 'models')] = res['models_mb']
 
-    # Re-measure the peak at the end (load may have changed); keep the best.
-    peaks_end = {k: measure_matmul_peak(torch.float32 if k == 'fp32' else torch.bfloat16) for k in peaks}
-    log('\nmatmul peak at end: ' + ', '.join(f'{k} {v / 1e9:.0f} GFLOP/s' for k, v in peaks_end.items()))
+    # Re-measure the peak at the end too; MFU is against the best peak seen during the run.
+    for k in peaks:
+        peaks_seen[k].append(measure_matmul_peak(torch.float32 if k == 'fp32' else torch.bfloat16))
+    log('\nmatmul peak seen: ' + ', '.join(f'{k} ' + ' / '.join(f'{v / 1e9:.0f}' for v in vs) + ' GFLOP/s'
+                                         for k, vs in peaks_seen.items()))
+    best = {k: max(vs) for k, vs in peaks_seen.items()}
     for r in rows:
-        for k in peaks:
-            if r['dtype'] == k and peaks_end[k] > peaks[k]:
-                for name in args.impls:
-                    r[f'{name}_mfu'] *= peaks[k] / peaks_end[k]
-    peaks = {k: max(peaks[k], peaks_end[k]) for k in peaks}
+        for name in IMPLS:
+            if f'{name}_mfu' in r:
+                r[f'{name}_mfu'] *= peaks[r['dtype']] / best[r['dtype']]
+    peaks = best
 
     log('\n' + markdown_table(rows + ctx_rows, mem))
     log(f'\ntotal wall time {time.time() - started:.0f} s')
     if args.json:
-        result = dict(machine=info, model=m, peaks_flops=peaks, argv=sys.argv[1:],
+        result = dict(machine=info, model=m, peaks_flops=peaks, peaks_seen_flops=peaks_seen, argv=sys.argv[1:],
                       workloads=[dataclasses.asdict(w) for w in workloads], rows=rows, ctx_rows=ctx_rows,
                       memory=[dict(workload=k[0], impl=k[1], dtype=k[2], **({'models_mb': v} if len(k) == 4 else {'lines_mb': v}))
                               for k, v in mem.items()],

@@ -7,6 +7,7 @@ counterpart (torch.where broadcasts scalars itself; no graphs or placeholders).
 Multi-process behaviour of the distributed helpers is tested through launch in tests/test_launch.py.
 """
 import json
+import math
 
 import numpy as np
 import pytest
@@ -201,6 +202,29 @@ def test_sample_from_logits():
     assert abs(s1.float().mean().item() - 0.8) < 0.02
 
 
+def test_sample_from_logits_follows_the_softmax():
+    # Pearson's chi-square over 8 classes spanning 4 orders of magnitude of probability: the 0.999
+    # quantile of chi2(7) is 24.3, so a correct sampler fails this 1 time in 1000 (the seed is fixed).
+    logits = torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0, -2.0, -4.0, -6.0])
+    n = 200_000
+    s = utils.sample_from_logits(logits.expand(n, 8), generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(s, minlength=8).double()
+    expected = n * torch.softmax(logits.double(), -1)
+    assert ((counts - expected) ** 2 / expected).sum().item() < 24.3, counts
+    assert counts[-1] > 0  # the rarest class (p = 2.4e-4) does get sampled
+
+
+def test_sample_from_logits_non_finite():
+    # As TF's kernel: non-finite logits have weight 0 and are never sampled...
+    logits = torch.tensor([[math.nan, 0.0, math.inf, -math.inf, 0.0]]).expand(1000, 5)
+    s = utils.sample_from_logits(logits, generator=torch.Generator().manual_seed(0))
+    assert set(s.tolist()) == {1, 4}
+    # ... and a row with no finite logit (a diverged model) is an error naming the row.
+    logits = torch.tensor([[0.0, 1.0], [math.nan, math.nan], [1.0, 2.0], [-math.inf, math.inf]])
+    with pytest.raises(FloatingPointError, match=r'rows \[1, 3\] have no finite logits'):
+        utils.sample_from_logits(logits)
+
+
 def test_pearson_r():
     rng = np.random.default_rng(0)
     x = rng.normal(size=50)
@@ -297,6 +321,19 @@ def test_adam_tf_matches_tf1_adam():
     for step, (w, g) in enumerate(zip(want, got)):
         np.testing.assert_allclose(g, w, rtol=0, atol=1e-6, err_msg=f'step {step}')
         assert np.max(np.abs(g - init)) > 1e-4  # the weights did move
+
+
+def test_adam_tf_in_chunks_is_the_same_update(monkeypatch):
+    # On CPU the update runs in chunks of _ADAM_CHUNK values with reused scratch buffers: the same ops per
+    # value, so the trajectory must equal TF's and, bit for bit, the unchunked one.
+    init, grads, lrs = _adam_problem()
+    whole = _torch_trajectory(utils.AdamTF, init, grads, lrs)
+    monkeypatch.setattr(utils, '_ADAM_CHUNK', 10)  # 64 values: 6 full chunks and a partial one
+    chunked = _torch_trajectory(utils.AdamTF, init, grads, lrs)
+    want = _tf_adam_trajectory(init, grads, lrs)
+    for step, (c, w, t) in enumerate(zip(chunked, whole, want)):
+        np.testing.assert_array_equal(c, w, err_msg=f'step {step}')
+        np.testing.assert_allclose(c, t, rtol=0, atol=1e-6, err_msg=f'step {step}')
 
 
 def test_torch_adam_does_not_match_tf1_adam():

@@ -320,3 +320,34 @@ def test_torchrun_env_joins_existing_group(tmp_path, monkeypatch):
     launch.launch('t', partial(_group_check, str(out)), mpi=4)
     assert json.loads(out.read_text()) == [True, 1]
     assert not dist.is_initialized()
+
+
+_RSS_AFTER_FREE = '''
+import re, torch
+from lm_human_preferences.utils import launch
+def rss_mb():
+    return int(re.search(r"VmRSS:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) / 1024
+applied = launch.reuse_freed_memory()
+before = rss_mb()
+x = torch.ones(64 * 2 ** 20 // 4)  # 64 MiB, touched
+del x
+print(applied, rss_mb() - before)
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='glibc malloc tuning is Linux-only')
+@pytest.mark.parametrize('user_setting', [False, True])
+def test_reuse_freed_memory(user_setting):
+    """Freed large tensors stay in the process for reuse (no fresh page faults on the next step), unless
+    the user tuned glibc themselves, which is then left alone."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith('MALLOC_')}
+    if user_setting:
+        env['MALLOC_TRIM_THRESHOLD_'] = '0'
+    out = subprocess.run([sys.executable, '-c', _RSS_AFTER_FREE], env=env, capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], check=True).stdout.split()
+    applied, kept_mb = out[0] == 'True', float(out[1])
+    assert applied == (not user_setting)
+    if applied:
+        assert kept_mb > 60, f'only {kept_mb:.0f} MiB of a freed 64 MiB tensor stayed mapped'
+    else:
+        assert kept_mb < 4, f'{kept_mb:.0f} MiB stayed mapped with glibc defaults'

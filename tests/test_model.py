@@ -118,6 +118,16 @@ def test_output_positions_equal_slicing_all_outputs(positions):
     torch.testing.assert_close(part['h'], full['h'], atol=0, rtol=0)
 
 
+def test_lm_logits_false_skips_only_the_logits():
+    """A reward model reads only its head: lm_logits=False leaves out the logits, nothing else changes."""
+    m = _model(n_vocab=11, n_ctx=16, n_embd=8, n_head=2, n_layer=2, scalar_heads=['reward'])
+    X = torch.tensor([[3, 4, 13, 5], [7, 8, 9, 13]])
+    full = m(X, padding_token=13, output_positions=slice(-1, None))
+    heads_only = m(X, padding_token=13, output_positions=slice(-1, None), lm_logits=False)
+    assert 'lm_logits' not in heads_only and 'lm_logits' in full
+    torch.testing.assert_close(heads_only['reward'], full['reward'], atol=0, rtol=0)
+
+
 def test_first_token_pad_raises():
     m = _model(n_vocab=10, n_ctx=8, n_embd=4, n_head=2, n_layer=1)
     with pytest.raises(ValueError, match=r'rows \[1\] of X start with the padding token 11'):

@@ -13,6 +13,7 @@ See benchmarks/README.md for what each line measures and how FLOPs are counted.
 """
 import argparse
 import contextlib
+import ctypes
 import dataclasses
 import gc
 import io
@@ -720,9 +721,30 @@ def main(argv=None):
                              f'asserts a minibatch of >= 8 for reward whitening')
 
     rows, ctx_rows, mem = [], [], {}
+
+    def write_json(partial):
+        """Everything so far (after each workload too: a run cut short keeps what it measured)."""
+        if not args.json:
+            return
+        result = dict(machine=info, model=m, peaks_flops=peaks, peaks_seen_flops=peaks_seen, argv=sys.argv[1:],
+                      workloads=[dataclasses.asdict(w) for w in workloads], rows=rows, ctx_rows=ctx_rows,
+                      memory=[dict(workload=k[0], impl=k[1], dtype=k[2], **({'models_mb': v} if len(k) == 4 else {'lines_mb': v}))
+                              for k, v in mem.items()],
+                      wall_s=time.time() - started, partial=partial)
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
     header = f'{"workload":<24s} {"line":<30s} dtype'
     for i, w in enumerate(workloads):
         log(f'\n== {w.label} (nminibatches {w.nminibatches}, noptepochs {w.noptepochs}) ==\n{header}')
+        if args.memory != 'off':
+            # First, while this process holds no models: the probes' processes then have the memory
+            # that the timing below needs for the six models side by side.
+            mdt = args.dtypes if args.memory == 'all' else [d for d in args.dtypes if d == 'fp32']
+            log(f'-- peak memory ({", ".join(mdt)}) --')
+            for (name, dt), res in run_memory_probes(m, w, impls=args.impls, dtypes=mdt, lines=args.lines,
+                                                     threads=args.threads, log=log).items():
+                mem[(w.label, name, dt)] = res['lines']
+                mem[(w.label, name, dt, 'models')] = res['models_mb']
         torch.manual_seed(0)
         impls = {name: IMPLS[name](m, w) for name in args.impls}
         rows += bench_lines(m, w, impls, dtypes=args.dtypes, lines=args.lines, warmup=warmup,
@@ -737,16 +759,12 @@ def main(argv=None):
                         f' = {ctx_rows[-1][name] / ctx_rows[0][name]:.2f}x')
         del impls
         gc.collect()
+        if malloc_tuned:  # hand the freed heap back to the OS before the next workload's probes
+            ctypes.CDLL('libc.so.6').malloc_trim(0)
         # The peak again (the machine's load may have changed): MFU uses the best seen in the run.
         for k in peaks:
             peaks_seen[k].append(measure_matmul_peak(torch.float32 if k == 'fp32' else torch.bfloat16, seconds=1.0))
-        if args.memory != 'off':
-            mdt = args.dtypes if args.memory == 'all' else [d for d in args.dtypes if d == 'fp32']
-            log(f'-- peak memory ({", ".join(mdt)}) --')
-            for (name, dt), res in run_memory_probes(m, w, impls=args.impls, dtypes=mdt, lines=args.lines,
-                                                     threads=args.threads, log=log).items():
-                mem[(w.label, name, dt)] = res['lines']
-                mem[(w.label, name, dt, 'models')] = res['models_mb']
+        write_json(partial=i + 1 < len(workloads))
 
     # Re-measure the peak at the end too; MFU is against the best peak seen during the run.
     for k in peaks:
@@ -762,13 +780,8 @@ def main(argv=None):
 
     log('\n' + markdown_table(rows + ctx_rows, mem))
     log(f'\ntotal wall time {time.time() - started:.0f} s')
+    write_json(partial=False)
     if args.json:
-        result = dict(machine=info, model=m, peaks_flops=peaks, peaks_seen_flops=peaks_seen, argv=sys.argv[1:],
-                      workloads=[dataclasses.asdict(w) for w in workloads], rows=rows, ctx_rows=ctx_rows,
-                      memory=[dict(workload=k[0], impl=k[1], dtype=k[2], **({'models_mb': v} if len(k) == 4 else {'lines_mb': v}))
-                              for k, v in mem.items()],
-                      wall_s=time.time() - started)
-        Path(args.json).write_text(json.dumps(result, indent=1))
         log(f'wrote {args.json}')
 
 

@@ -35,15 +35,16 @@ class Policy(nn.Module):
     def get_encoder(self):
         return self.encoder
 
-    def step_core(self, model_hparams, tokens, past=None, past_tokens=None, output_positions=slice(None)):
+    def step_core(self, model_hparams, tokens, past=None, past_tokens=None, output_positions=slice(None),
+                  return_present=True):
         lm_output = self.model(tokens, past=past, past_tokens=past_tokens, padding_token=self.padding_token,
-                               output_positions=output_positions)
+                               output_positions=output_positions, return_present=return_present)
         # need to slice logits since we don't want to generate special tokens
         logits = lm_output['lm_logits'][:, :, :self.model_hparams.n_vocab]
         return {
             'logits': logits,
             'values': lm_output['value'],
-            'presents': lm_output['present'],
+            'presents': lm_output.get('present'),
         }
 
     @torch.no_grad()
@@ -75,7 +76,9 @@ class Policy(nn.Module):
         context_length = contexts.shape[1]
         tokens = torch.cat([contexts, responses], dim=1)
         # The positions that predict the response tokens (the original sliced them from all positions).
-        result = self.step_core(self.model_hparams, tokens, output_positions=slice(context_length - 1, -1))
+        # No KV cache either: nothing extends these sequences.
+        result = self.step_core(self.model_hparams, tokens, output_positions=slice(context_length - 1, -1),
+                                return_present=False)
         logits = result['logits']
 
         logits = logits / self.temperature

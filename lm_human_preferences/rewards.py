@@ -48,11 +48,11 @@ class RewardModelTrainer(nn.Module):
     def get_rewards(self, queries, responses):
         """gain * (reward head at the last position) + bias, on the raw query + response tokens [b]."""
         tokens = torch.cat([queries, responses], dim=1)
-        # Only the last position's head output is used, and no logits (the original computed every position's
-        # heads; TF's graph pruning skipped the unused logits). With the pad-fill, position -1 holds the
-        # last real token's reward.
+        # Only the last position's head output is used, no logits and no KV cache (the original computed
+        # every position's heads; TF's graph pruning skipped the rest). With the pad-fill, position -1
+        # holds the last real token's reward.
         lm_output = self.model(tokens, padding_token=self.padding_token, output_positions=slice(-1, None),
-                               lm_logits=False)
+                               lm_logits=False, return_present=False)
         reward = lm_output['reward'][:, -1]
         return self.reward_gain * reward + self.reward_bias
 

@@ -118,14 +118,16 @@ def test_output_positions_equal_slicing_all_outputs(positions):
     torch.testing.assert_close(part['h'], full['h'], atol=0, rtol=0)
 
 
-def test_lm_logits_false_skips_only_the_logits():
-    """A reward model reads only its head: lm_logits=False leaves out the logits, nothing else changes."""
+def test_lm_logits_and_present_off_skip_only_those():
+    """A reward model reads only its head: lm_logits=False and return_present=False leave out the logits
+    and the KV cache, nothing else changes."""
     m = _model(n_vocab=11, n_ctx=16, n_embd=8, n_head=2, n_layer=2, scalar_heads=['reward'])
     X = torch.tensor([[3, 4, 13, 5], [7, 8, 9, 13]])
     full = m(X, padding_token=13, output_positions=slice(-1, None))
-    heads_only = m(X, padding_token=13, output_positions=slice(-1, None), lm_logits=False)
-    assert 'lm_logits' not in heads_only and 'lm_logits' in full
+    heads_only = m(X, padding_token=13, output_positions=slice(-1, None), lm_logits=False, return_present=False)
+    assert set(full) - set(heads_only) == {'lm_logits', 'present'}
     torch.testing.assert_close(heads_only['reward'], full['reward'], atol=0, rtol=0)
+    torch.testing.assert_close(heads_only['h'], full['h'], atol=0, rtol=0)
 
 
 def test_first_token_pad_raises():

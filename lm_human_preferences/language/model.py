@@ -218,14 +218,18 @@ class Model(nn.Module):
             for name in self.scalar_heads})
 
     def forward(self, X, past: Optional[KVCache] = None, past_tokens=None, padding_token=None,
-                output_positions=slice(None), lm_logits=True):
+                output_positions=slice(None), lm_logits=True, return_present=True):
         """X: token ids [b, s]. past: the `present` of an earlier call on the preceding tokens.
         past_tokens: those preceding tokens [b, p] (needed with padding_token, to mask pads in past).
         output_positions: the positions (a slice of the s new ones) that get logits and head outputs.
         lm_logits: False skips the n_vocab projection (a reward model reads only its head; TF's graph
         pruning skipped the unused logits the same way).
+        return_present: False drops the keys and values as soon as each layer is done with them, for
+        callers that will not extend the sequence (they hold every layer's c_attn output: 0.6 GB for a
+        reward model's forward at batch 64, which TF's pruning also never kept).
 
-        Returns lm_logits [b, o, n_vocab] fp32 (unless lm_logits=False), present (a KVCache of all t tokens), h [b, s, e] and
+        Returns lm_logits [b, o, n_vocab] fp32 (unless lm_logits=False), present (a KVCache of all t tokens,
+        unless return_present=False), h [b, s, e] and
         one [b, o] fp32 entry per scalar head, o being the number of output_positions (all s by default).
         """
         hp = self.hparams
@@ -271,9 +275,10 @@ class Model(nn.Module):
         for layer, block in enumerate(self.h):
             layer_past = None if past is None else (past.keys[layer], past.values[layer])
             h, (k, v) = block(h, past=layer_past, past_length=past_length, mask=attn_mask)
-            keys.append(k)
-            values.append(v)
-        results = dict(present=KVCache(keys, values, past_length + sequence))
+            if return_present:
+                keys.append(k)
+                values.append(v)
+        results = dict(present=KVCache(keys, values, past_length + sequence)) if return_present else {}
 
         h = self.ln_f(h)
         if mask is not None:

@@ -621,7 +621,7 @@ def run_memory_probes(m, w, *, impls, dtypes, lines, threads, log):
 def _fmt(v):
     if v is None:
         return '-'
-    return f'{v:,.1f}' if v < 1000 else f'{v:,.0f}'
+    return f'{v:.3f}' if v < 1 else f'{v:,.1f}' if v < 1000 else f'{v:,.0f}'
 
 
 def format_row(r):

@@ -517,6 +517,7 @@ def train(hparams: HParams):
         ppo_trainer.global_step = saved_step = state.step
         ppo_trainer.kl_ctl.value = state.extra['kl_coef']
         checkpointing.drop_stats_from(ppo_trainer.stats_jsonl, state.step)  # the steps after it are redone
+        ppo_trainer.summary_writer = utils.purge_summaries_from(ppo_trainer.summary_writer, state.step)
         if utils.is_root():
             print(f'resuming from {state.path} (step {state.step})')
 

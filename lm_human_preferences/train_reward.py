@@ -406,6 +406,7 @@ class RewardModelTrainer():
         self.done = state.extra['done']
         if not self.done:
             checkpointing.drop_stats_from(self.stats_path, state.step)  # the steps after it are redone
+            self.summary_writer = utils.purge_summaries_from(self.summary_writer, state.step)
         if self.rank == 0:
             print(f'resuming reward model training from {state.path} (step {state.step}'
                   f'{", already finished" if self.done else ""})')

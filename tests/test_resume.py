@@ -181,6 +181,21 @@ def assert_same_stats(jsonl_a, jsonl_b, n_steps):
                             {k: v for k, v in y.items() if not k.startswith('elapsed/')}, tol=1e-5)
 
 
+def assert_same_tensorboard(tb_a, tb_b, n_steps):
+    """TensorBoard shows every step 0..n_steps-1 once, with the same values: the events the killed run
+    wrote for the steps that the resumed run redid are purged."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    runs = [EventAccumulator(str(d), size_guidance={'scalars': 0}) for d in (tb_a, tb_b)]
+    for run in runs:
+        run.Reload()
+    tags = [t for t in runs[0].Tags()['scalars'] if not t.startswith('elapsed/')]
+    assert tags and sorted(tags) == sorted(t for t in runs[1].Tags()['scalars'] if not t.startswith('elapsed/'))
+    for tag in tags:
+        a, b = ([(e.step, e.value) for e in run.Scalars(tag)] for run in runs)
+        assert [step for step, _ in b] == [step for step, _ in a] == list(range(n_steps)), tag
+        assert_close_nested([v for _, v in a], [v for _, v in b], tol=1e-5)
+
+
 def newest_state(model_dir):
     step = checkpointing.train_state_steps(model_dir)[0]
     return step, Path(model_dir) / 'train_state' / f'state-{step}'
@@ -215,6 +230,8 @@ def test_train_reward_resumes_after_sigkill(tmp_path):
     assert_close_nested(extra_a['results'], extra_b['results'])
     assert_same_stats(tmp_path / 'whole' / NAME / 'train_reward_stats.jsonl',
                       tmp_path / 'killed' / NAME / 'train_reward_stats.jsonl', 40)
+    assert_same_tensorboard(tmp_path / 'whole' / NAME / 'tb' / 'reward_model',
+                            tmp_path / 'killed' / NAME / 'tb' / 'reward_model', 40)
 
 
 def test_train_policy_resumes_after_sigkill_from_the_last_valid_state(tmp_path):
@@ -247,3 +264,4 @@ def test_train_policy_resumes_after_sigkill_from_the_last_valid_state(tmp_path):
     assert kl_a != 0.15 and kl_a == pytest.approx(kl_b, abs=1e-6)  # the adaptive KL controller moved, alike
     assert_same_stats(tmp_path / 'whole' / NAME / 'train_policy_stats.jsonl',
                       tmp_path / 'killed' / NAME / 'train_policy_stats.jsonl', 30)
+    assert_same_tensorboard(tmp_path / 'whole' / NAME / 'tb' / 'ppo', tmp_path / 'killed' / NAME / 'tb' / 'ppo', 30)

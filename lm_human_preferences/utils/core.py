@@ -529,6 +529,17 @@ def get_summary_writer(save_dir, subdir=''):
     return SummaryWriter(os.path.join(save_dir, 'tb', subdir))
 
 
+def purge_summaries_from(summary_writer, step):
+    """A writer for a run resumed at `step`, which logs that step and the later ones again: TensorBoard then
+    hides the events at or after `step` that the interrupted run wrote (drop_stats_from does it for
+    the JSONL). None stays None (not rank 0, or no save_dir)."""
+    if summary_writer is None:
+        return None
+    from torch.utils.tensorboard import SummaryWriter
+    summary_writer.close()
+    return SummaryWriter(summary_writer.log_dir, purge_step=step)
+
+
 def _to_float(v):
     if isinstance(v, torch.Tensor):
         return v.detach().float().item()

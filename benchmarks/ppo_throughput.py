@@ -53,6 +53,7 @@ LINE_TITLES = {
 }
 LINE_UNITS = {'sample': 'new tok/s', 'logprobs': 'tok/s', 'reward': 'tok/s', 'train': 'tok/s',
               'ppo_update': 'episodes/s'}
+DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16}  # --dtypes names; bf16 runs under autocast
 TEMPERATURE = 1.0
 KL_COEF = 0.15
 LR = 1e-5
@@ -706,9 +707,7 @@ def main(argv=None):
         f'{info["transformers"]}, {info["threads"]} threads, reuse_freed_memory {malloc_tuned}'
         + (f', {info["cuda"]}' if info['cuda'] else ''))
     log(f'model: {m} ({(layer_params(m) + m["n_vocab"] * m["n_embd"]) / 1e6:.1f}M matmul params)')
-    peaks = {'fp32': measure_matmul_peak(torch.float32)}
-    if 'bf16' in args.dtypes:
-        peaks['bf16'] = measure_matmul_peak(torch.bfloat16)
+    peaks = {k: measure_matmul_peak(DTYPES[k]) for k in ('fp32', 'bf16') if k == 'fp32' or k in args.dtypes}
     log('matmul peak: ' + ', '.join(f'{k} {v / 1e9:.0f} GFLOP/s' for k, v in peaks.items()))
     peaks_seen = {k: [v] for k, v in peaks.items()}
 
@@ -763,12 +762,12 @@ def main(argv=None):
             ctypes.CDLL('libc.so.6').malloc_trim(0)
         # The peak again (the machine's load may have changed): MFU uses the best seen in the run.
         for k in peaks:
-            peaks_seen[k].append(measure_matmul_peak(torch.float32 if k == 'fp32' else torch.bfloat16, seconds=1.0))
+            peaks_seen[k].append(measure_matmul_peak(DTYPES[k], seconds=1.0))
         write_json(partial=i + 1 < len(workloads))
 
     # Re-measure the peak at the end too; MFU is against the best peak seen during the run.
     for k in peaks:
-        peaks_seen[k].append(measure_matmul_peak(torch.float32 if k == 'fp32' else torch.bfloat16))
+        peaks_seen[k].append(measure_matmul_peak(DTYPES[k]))
     log('\nmatmul peak seen: ' + ', '.join(f'{k} ' + ' / '.join(f'{v / 1e9:.0f}' for v in vs) + ' GFLOP/s'
                                          for k, vs in peaks_seen.items()))
     best = {k: max(vs) for k, vs in peaks_seen.items()}

@@ -304,5 +304,5 @@ class Model(nn.Module):
                 # Language model logits: the output embedding is wte (tied), no bias.
                 results['lm_logits'] = F.linear(h, self.wte)  # [b, o, n_vocab]
             for name, head in self.heads.items():
-                results[name] = head(h)  # [b, s]
+                results[name] = head(h)  # [b, o]
         return results

@@ -1,15 +1,13 @@
 #!/usr/bin/env python3
 """Experiments of the paper and the command line to run them (port of the original launch.py).
 
-    python launch.py train_reward sentiment my_run [--dry_run] [--mpi N] [--save_dir DIR] [--labels.num_train 64 ...]
+    python launch.py train_reward sentiment my_run [--dry_run] [--mpi N] [--procs P] [--save_dir DIR] [--labels.num_train 64 ...]
     python launch.py train_policy descriptiveness my_run [--rewards.trained_model DIR --rewards.train_new_model off]
     python launch.py train_policy demo my_run    # the offline demo: minutes on a CPU, nothing downloaded
 """
 
 import os
 import tempfile
-
-import torch
 
 from lm_human_preferences.utils import launch
 from lm_human_preferences.utils.combos import bind, bind_nested, combos
@@ -252,10 +250,10 @@ def get_experiments():
         bind_nested('task', test_task),
         bind('rewards.train_new_model', 'on'),
         bind_nested('rewards.train_new_model', train_reward_experiments['test']),
-        # 16 episodes a batch: with --mpi 2 each rank still whitens over 8 (the minimum PPOTrainer asserts).
-        bind('ppo.batch_size', 16),
+        # 32 episodes a batch: with --mpi 4 each rank still whitens over 8 (the minimum PPOTrainer asserts).
+        bind('ppo.batch_size', 32),
         bind('ppo.noptepochs', 1),
-        bind('ppo.total_episodes', 32),
+        bind('ppo.total_episodes', 64),
         bind('run.log_interval', 1),
         bind('run.seed', 1),
     )
@@ -287,12 +285,16 @@ def _get_trials(experiment_dict, command, exp):
             f"Couldn't find experiment '{exp}' for {command} (choose from: {', '.join(experiment_dict)})") from None
 
 
-def _default_mpi():
-    # The original defaulted to 8 MPI processes; we default to one per visible GPU.
-    return torch.cuda.device_count() or 1
+# The paper's experiments ran as 8 MPI ranks (the original's default mpi=8), and their numbers depend on
+# it (per-rank batches, whitening, seeds); ours (test, demo) are sized for one rank.
+PAPER_RANKS = 8
 
 
-def launch_train_policy(exp, name, dry_run=False, mpi=None, save_dir=os.path.join(tempfile.gettempdir(), 'save', 'train_policy'), **extra_hparams):
+def _default_mpi(exp):
+    return 1 if exp in ('test', 'demo') else PAPER_RANKS
+
+
+def launch_train_policy(exp, name, dry_run=False, mpi=None, procs=None, save_dir=os.path.join(tempfile.gettempdir(), 'save', 'train_policy'), **extra_hparams):
     trials = _get_trials(get_experiments(), 'train_policy', exp)
     from lm_human_preferences import train_policy  # lazily: it pulls in the models and datasets
     fn = train_policy.train
@@ -301,11 +303,11 @@ def launch_train_policy(exp, name, dry_run=False, mpi=None, save_dir=os.path.joi
         fn = demo.train_policy
 
     launch.launch_trials(
-        name, fn=fn, trials=trials, mpi=mpi or _default_mpi(), save_dir=save_dir,
+        name, fn=fn, trials=trials, mpi=_default_mpi(exp) if mpi is None else mpi, procs=procs, save_dir=save_dir,
         hparam_class=train_policy.HParams, extra_hparams=extra_hparams, dry_run=dry_run)
 
 
-def launch_train_reward(exp, name, dry_run=False, mpi=None, save_dir=os.path.join(tempfile.gettempdir(), 'save', 'train_reward'), **extra_hparams):
+def launch_train_reward(exp, name, dry_run=False, mpi=None, procs=None, save_dir=os.path.join(tempfile.gettempdir(), 'save', 'train_reward'), **extra_hparams):
     trials = _get_trials(get_train_reward_experiments(), 'train_reward', exp)
     from lm_human_preferences import train_reward
     fn = train_reward.train
@@ -314,7 +316,7 @@ def launch_train_reward(exp, name, dry_run=False, mpi=None, save_dir=os.path.joi
         fn = demo.train_reward
 
     launch.launch_trials(
-        name, fn=fn, trials=trials, mpi=mpi or _default_mpi(), save_dir=save_dir,
+        name, fn=fn, trials=trials, mpi=_default_mpi(exp) if mpi is None else mpi, procs=procs, save_dir=save_dir,
         hparam_class=train_reward.HParams, extra_hparams=extra_hparams, dry_run=dry_run)
 
 

@@ -2,7 +2,7 @@
 """Print samples from a trained policy (port of the original sample.py).
 
     python sample.py sample --save_dir DIR [--savescope policy] [--nsamples N] [--temperature T]
-                            [--batch_size B] [--seed S] [--mpi N]
+                            [--batch_size B] [--seed S] [--mpi N] [--procs P]
 
 DIR is a train_policy save dir: ours (train_policy_hparams.json + policy/) or an original TF run's
 (same layout, TF checkpoints under policy/checkpoints/, converted on first use). Queries come from the
@@ -50,17 +50,22 @@ def sample_policy(save_dir=None, savescope='policy', temperature=1.0, seed=None,
         hparams=task, encoder=encoder, batch_size=batch_size, mode='test'
     )
 
-    generated = 0
-    while nsamples_per_rank == 0 or generated < nsamples_per_rank:
+    def rank_batch():  # in each rank's section: its queries, its random streams
         queries = query_sampler()['tokens']
         with torch.no_grad(), utils.autocast(hparams.run.use_bf16()):
             rollouts = policy.respond(queries, length=task.response_length)
-        assert len(queries.tolist()) == batch_size
-        assert len(rollouts['responses'].tolist()) == batch_size
-        for q, r in zip(queries.tolist(), rollouts['responses'].tolist()):
-            print('=' * 80)
-            print(encoder.decode(q).replace("\n", "⏎"))
-            print(encoder.decode(r).replace("\n", "⏎"))
+        return queries, rollouts['responses']
+
+    generated = 0
+    while nsamples_per_rank == 0 or generated < nsamples_per_rank:
+        # The ranks this process carries, one after another (each prints its own, as the original's ranks).
+        for queries, responses in utils.for_each_rank(rank_batch):
+            assert len(queries.tolist()) == batch_size
+            assert len(responses.tolist()) == batch_size
+            for q, r in zip(queries.tolist(), responses.tolist()):
+                print('=' * 80)
+                print(encoder.decode(q).replace("\n", "⏎"))
+                print(encoder.decode(r).replace("\n", "⏎"))
         generated += batch_size
 
 
@@ -91,14 +96,16 @@ def _parse(name, value, parse):
         raise launch.ConfigError(f'option --{name}: invalid value {value!r}') from None
 
 
-def launch_sample(save_dir=None, savescope='policy', temperature=1.0, seed=None, batch_size=4, nsamples=0, mpi=1):
-    # The original defaulted to mpi=8 (MPI ranks); one process is the sensible default here.
+def launch_sample(save_dir=None, savescope='policy', temperature=1.0, seed=None, batch_size=4, nsamples=0, mpi=1,
+                  procs=None):
+    # The original defaulted to mpi=8 (MPI ranks); one rank is the sensible default here (sampling has no
+    # math that depends on the ranks).
     _check_save_dir(save_dir, savescope)
     kwargs = dict(save_dir=save_dir, savescope=savescope, temperature=temperature,
                   seed=_parse('seed', seed, int), batch_size=batch_size, nsamples=nsamples)
     if nsamples % mpi:
         raise launch.ConfigError(f'--nsamples {nsamples} must be a multiple of --mpi {mpi}')
-    launch.launch('sample', partial(sample_policy, **kwargs), mpi=mpi)
+    launch.launch('sample', partial(sample_policy, **kwargs), mpi=mpi, procs=procs)
 
 
 def launch_export(save_dir=None, out=None, savescope='policy'):

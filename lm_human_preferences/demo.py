@@ -26,7 +26,8 @@
 `python launch.py train_reward demo NAME` runs steps 1-3 for the reward model only and reports its
 accuracy. The experiments (sizes, learning rates, KL target) are `demo` in launch.py.
 
-Every step is collective under --mpi N: each rank samples its share and rank 0 writes the files.
+Every step is collective under --mpi N: each rank samples its share (in its section, utils/ranks.py) and
+the process that carries rank 0 writes the files.
 """
 
 import contextlib
@@ -179,16 +180,6 @@ def pick_best(scores, rng):
     return np.array([rng.choice(np.flatnonzero(row == row.max())) for row in np.asarray(scores)])
 
 
-def _all_gather(items):
-    """The concatenation of every rank's list, in rank order (broadcasts: rank r sends its list)."""
-    if utils.get_world_size() == 1:
-        return list(items)
-    gathered = []
-    for r in range(utils.get_world_size()):
-        gathered.extend(utils.mpi_bcast(list(items), root=r))
-    return gathered
-
-
 def _demo_policy(model_name, task):
     """A frozen Policy of the named model (a name or dir, as task.policy.initial_model) for the task."""
     m = trained_models.TrainedModel(model_name)
@@ -205,7 +196,8 @@ def _generator(seed):
 
 
 def make_labels(hparams: train_reward_module.HParams, path, *, num_labels, seed):
-    """Write num_labels best_of_N records to path, labelled by THE RULE; collective."""
+    """Write num_labels best_of_N records to path, labelled by THE RULE; collective. Each rank (in its
+    section) labels its share of its own queries with its own random streams."""
     task = hparams.task
     label_type = label_types.get(hparams.labels.type)
     if not isinstance(label_type, label_types.PickBest):
@@ -215,24 +207,29 @@ def make_labels(hparams: train_reward_module.HParams, path, *, num_labels, seed)
     per_rank = utils.ceil_div(num_labels, utils.get_world_size())
     batch_size = min(utils.exact_div(hparams.rollout_batch_size, utils.get_world_size()), per_rank)
     sampler = lm_tasks.make_query_sampler(hparams=task, encoder=encoder, batch_size=batch_size)
-    generator = _generator(seed)
-    rng = np.random.RandomState(seed + 100003 * utils.get_rank())
 
-    records = []
-    while len(records) < per_rank:
-        queries = sampler()['tokens']
-        with torch.no_grad():
-            # The labelers saw postprocessed (truncated) samples, as the original's label files hold.
-            samples = [postprocess(policy.respond(queries, task.response_length, generator=generator)['responses'])
-                       for _ in range(label_type.num_responses)]
-        scores = torch.stack([rule_scores(s, encoder) for s in samples], dim=1).numpy()  # [b, N]
-        best = pick_best(scores, rng)
-        for i in range(len(queries)):
-            record = dict(query=queries[i].tolist(), best=int(best[i]))
-            record.update({f'sample{j}': s[i].tolist() for j, s in enumerate(samples)})
-            records.append(record)
-    records = _all_gather(records[:per_rank])[:num_labels]
+    def rank_records():
+        generator = _generator(seed)
+        rng = np.random.RandomState(seed + 100003 * utils.get_rank())
+        records = []
+        while len(records) < per_rank:
+            queries = sampler()['tokens']
+            with torch.no_grad():
+                # The labelers saw postprocessed (truncated) samples, as the original's label files hold.
+                samples = [postprocess(policy.respond(queries, task.response_length, generator=generator,
+                                                      microbatch_size=hparams.run.microbatch_size)['responses'])
+                           for _ in range(label_type.num_responses)]
+            scores = torch.stack([rule_scores(s, encoder) for s in samples], dim=1).numpy()  # [b, N]
+            best = pick_best(scores, rng)
+            for i in range(len(queries)):
+                record = dict(query=queries[i].tolist(), best=int(best[i]))
+                record.update({f'sample{j}': s[i].tolist() for j, s in enumerate(samples)})
+                records.append(record)
+        return records[:per_rank]
+
+    every_rank = utils.gather_ranks_to_root(utils.for_each_rank(rank_records))
     if utils.is_root():
+        records = [record for rank in every_rank for record in rank][:num_labels]
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f'{path}.tmp-{os.getpid()}'
         with open(tmp, 'w') as f:
@@ -297,16 +294,21 @@ def prepare_reward_training(hparams: train_reward_module.HParams, save_dir):
 @torch.no_grad()
 def sample_rule_scores(model_name, task, *, n, seed):
     """THE RULE's scores of one response per test query, for n test queries (the same queries for every
-    model); collective. Returns (scores [n] on every rank, rank 0's first samples as text)."""
+    model); collective. Returns (scores [n] on every process, rank 0's first samples as text)."""
     policy, encoder = _demo_policy(model_name, task)
     per_rank = utils.exact_div(n, utils.get_world_size())
     sampler = lm_tasks.make_query_sampler(hparams=task, encoder=encoder, batch_size=per_rank, mode='test')
-    queries = sampler()['tokens']
-    responses = policy.respond(queries, task.response_length, generator=_generator(seed))['responses']
-    responses = lm_tasks.postprocess_fn_from_hparams(task, encoder.padding_token)(responses)
-    scores = torch.tensor(_all_gather(rule_scores(responses, encoder).tolist()))
-    examples = [(encoder.decode(q), encoder.decode(r)) for q, r in zip(queries[:3].tolist(), responses[:3].tolist())]
-    return scores, examples
+    postprocess = lm_tasks.postprocess_fn_from_hparams(task, encoder.padding_token)
+
+    def rank_scores():
+        queries = sampler()['tokens']
+        responses = postprocess(policy.respond(queries, task.response_length, generator=_generator(seed))['responses'])
+        examples = [(encoder.decode(q), encoder.decode(r)) for q, r in zip(queries[:3].tolist(), responses[:3].tolist())]
+        return rule_scores(responses, encoder).tolist(), examples
+
+    results = utils.for_each_rank(rank_scores)
+    scores = torch.tensor([s for rank in utils.all_gather_ranks([r for r, _ in results]) for s in rank])
+    return scores, results[0][1]
 
 
 def read_stats(path):

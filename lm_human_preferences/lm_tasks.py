@@ -92,8 +92,9 @@ def _single_token(encoder, text, name):
 
 def make_query_sampler(*, hparams: TaskHParams, encoder, batch_size: int, mode='train'):
     """A function returning dict(tokens=LongTensor [batch_size, query_length]) on utils.get_device(): the
-    next batch of this rank's queries (the original's `comm` is the torch.distributed group; the
-    sampler's TF `scope` argument is gone)."""
+    next batch of the queries of the rank whose section calls it (the original's `comm` is the ranks this
+    process carries, utils/ranks.py; the sampler's TF `scope` argument is gone). Made outside the rank
+    sections: preparing the dataset is collective over processes."""
     if hparams.start_text:
         start_token = _single_token(encoder, hparams.start_text, 'start_text')
     else:

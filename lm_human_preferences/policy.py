@@ -1,7 +1,5 @@
 """The policy: a language model with a value head (port of the original policy.py)."""
 
-from functools import partial
-
 import torch
 from torch import nn
 
@@ -36,9 +34,10 @@ class Policy(nn.Module):
         return self.encoder
 
     def step_core(self, model_hparams, tokens, past=None, past_tokens=None, output_positions=slice(None),
-                  return_present=True):
+                  return_present=True, check_inputs=True):
         lm_output = self.model(tokens, past=past, past_tokens=past_tokens, padding_token=self.padding_token,
-                               output_positions=output_positions, return_present=return_present)
+                               output_positions=output_positions, return_present=return_present,
+                               check_inputs=check_inputs)
         # need to slice logits since we don't want to generate special tokens
         logits = lm_output['lm_logits'][:, :, :self.model_hparams.n_vocab]
         return {
@@ -48,14 +47,38 @@ class Policy(nn.Module):
         }
 
     @torch.no_grad()
-    def respond(self, queries, length, generator=None):
+    def respond(self, queries, length, generator=None, microbatch_size=None):
         """Sample `length` response tokens per query: responses [b, length], their logprobs under the
-        tempered logits and the values at the positions that predicted them, [b, length] each."""
+        tempered logits and the values at the positions that predicted them, [b, length] each.
+
+        Ours: microbatch_size K runs the model on at most K rows at a time, each microbatch with its own
+        KV cache, while every token is still drawn for the whole batch at once: the same random numbers
+        go to the same rows, so the samples do not depend on K.
+        """
         contexts = self.embed_queries(queries)
         context_length = contexts.shape[1]
-        result = sample.sample_sequence(
+        pieces = utils.microbatches(len(contexts), microbatch_size)
+        # The decoding steps skip the model's input checks (each would wait for the device). The model
+        # sees the context and all but the last new token; the last position they take (pads take none)
+        # is checked here, once, where the shapes alone cannot rule it out.
+        if context_length + length - 1 > self.model_hparams.n_ctx:
+            last_position = int((contexts != self.padding_token).sum(dim=1).max()) + length - 2
+            if last_position >= self.model_hparams.n_ctx:
+                raise ValueError(f'{context_length + length - 1} tokens need positions beyond n_ctx = '
+                                 f'{self.model_hparams.n_ctx}')
+
+        def step(model_hparams, tokens, past=None, past_tokens=None):
             # Sampling reads only the last position's logits and value (of the whole context first).
-            step=partial(self.step_core, output_positions=slice(-1, None)),
+            outputs = [self.step_core(model_hparams, tokens[piece], past=None if past is None else past[i],
+                                      past_tokens=None if past_tokens is None else past_tokens[piece],
+                                      output_positions=slice(-1, None), check_inputs=past is None)
+                       for i, piece in enumerate(pieces)]
+            return dict(logits=utils.cat_pieces([o['logits'] for o in outputs]),
+                        values=utils.cat_pieces([o['values'] for o in outputs]),
+                        presents=[o['presents'] for o in outputs])
+
+        result = sample.sample_sequence(
+            step=step,
             context=contexts,
             length=length,
             model_hparams=self.model_hparams,

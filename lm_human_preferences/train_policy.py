@@ -154,7 +154,8 @@ def compute_advantages(*, rewards, values, gamma, lam, whiten_rewards):
 
 def ppo_loss(*, logprob, vpred, entropies, old_logprob, old_values, advantages, returns,
              cliprange, cliprange_value, vf_coef):
-    """Clipped PPO policy loss + vf_coef * clipped value loss (no entropy bonus), and its stats."""
+    """Clipped PPO policy loss + vf_coef * clipped value loss (no entropy bonus), and its stats: means
+    over the elements given (a minibatch, or a microbatch of one: see PPOTrainer.loss)."""
     # Value loss, clipped around the old values: 0.5 * mean(max(unclipped^2, clipped^2)).
     vpredclipped = torch.clamp(vpred, old_values - cliprange_value, old_values + cliprange_value)
     vf_losses1 = torch.square(vpred - returns)
@@ -174,19 +175,22 @@ def ppo_loss(*, logprob, vpred, entropies, old_logprob, old_values, advantages, 
     entropy = torch.mean(entropies)
     approxkl = .5 * torch.mean(torch.square(logprob - old_logprob))
 
-    # tf.nn.moments: mean and population variance over all elements.
-    return_mean, return_var = returns.mean(), returns.var(unbiased=False)
-    value_mean, value_var = old_values.mean(), old_values.var(unbiased=False)
-
     stats = dict(
         loss=dict(policy=pg_loss, value=vf_loss, total=loss),
         policy=dict(entropy=entropy, approxkl=approxkl, clipfrac=pg_clipfrac),
-        returns=dict(mean=return_mean, var=return_var),
-        val=dict(vpred=torch.mean(vpred), error=torch.mean((vpred - returns) ** 2),
-                 clipfrac=vf_clipfrac, mean=value_mean, var=value_var)
+        val=dict(vpred=torch.mean(vpred), error=torch.mean((vpred - returns) ** 2), clipfrac=vf_clipfrac),
     )
     stats = {k: v.detach().float() for k, v in utils.flatten_dict(stats, sep='/').items()}
     return loss, stats
+
+
+def minibatch_moments(*, returns, old_values):
+    """The original's returns/{mean,var} and val/{mean,var} stats of a minibatch (tf.nn.moments: mean and
+    population variance over all elements); they need no model, so they are taken over the whole minibatch
+    even when its loss is computed in microbatches."""
+    stats = {'returns/mean': returns.mean(), 'returns/var': returns.var(unbiased=False),
+             'val/mean': old_values.mean(), 'val/var': old_values.var(unbiased=False)}
+    return {k: v.detach().float() for k, v in stats.items()}
 
 
 class PPOTrainer:
@@ -197,6 +201,7 @@ class PPOTrainer:
         self.hparams = hparams
         self.device = utils.get_device()
         self.bf16 = hparams.run.use_bf16()  # forward passes under bf16 autocast; all PPO math in fp32
+        self.microbatch_size = hparams.run.microbatch_size  # ours: at most this many sequences per model pass
         # PPO batches done so far: the learning-rate schedule, logging and checkpoints count these.
         self.global_step = 0
 
@@ -205,7 +210,7 @@ class PPOTrainer:
         else:
             self.kl_ctl = AdaptiveKLController(hparams.rewards.kl_coef, hparams=hparams.rewards.adaptive_kl)
 
-        # Counted, so that a resumed run continues the query stream where it was (see train()'s save()).
+        # Counted, so that a resumed run continues each rank's query stream where it was (see train()'s save()).
         self.query_sampler = checkpointing.CountingSampler(query_sampler)
         self.sample_queries = lambda: self.query_sampler()['tokens'].to(self.device)
 
@@ -215,6 +220,7 @@ class PPOTrainer:
 
         # TF1's AdamOptimizer(epsilon=1e-5) (see AdamTF); the lr is set before every minibatch.
         self.optimizer = utils.AdamTF(self.policy.parameters(), lr=hparams.ppo.lr, eps=1e-5)
+        self.rank_gradients = utils.RankGradients(self.policy.parameters())
 
         save_dir = hparams.run.save_dir
         self.summary_writer = utils.get_summary_writer(save_dir, subdir='ppo')
@@ -224,46 +230,28 @@ class PPOTrainer:
         self.start_time = self.last_time = time.time()
 
     def step(self):
-        """One PPO batch: rollout, rewards, noptepochs of minibatch updates, stats, KL controller."""
+        """One PPO batch: every rank's rollout and rewards, noptepochs of minibatch updates, stats, KL
+        controller. The ranks this process carries take their turns (utils/ranks.py): each samples its
+        own queries with its own random streams; the policy they share is updated once per minibatch,
+        with the gradients averaged over all ranks."""
         hparams = self.hparams
         step_started_at = time.time()
 
-        # Rollout (no gradients). The policy's sampling-time logprobs and values are the "old" ones.
-        queries = self.sample_queries()
-        with torch.no_grad(), utils.autocast(self.bf16):
-            rollouts = self.policy.respond(queries, length=hparams.task.response_length)
-            responses = rollouts['responses']
-            ref_logprobs = self.ref_policy.analyze_responses(queries, responses)['logprobs']
-            # Scored: the postprocessed (truncated) responses; PPO trains on the untruncated ones.
-            scores, postprocessed_responses, score_stats = self.score_fn(queries, responses)
-        logprobs = rollouts['logprobs'].float()
-        ref_logprobs = ref_logprobs.float()
-        scores = scores.float()
-        score_stats = {k: v.float() for k, v in score_stats.items()}
-        checkpointing.check_finite(self.global_step, scores=scores)  # ours: a broken reward model stops here
-
-        # KL-penalized per-token rewards with this batch's KL coefficient.
+        # KL-penalized per-token rewards use this batch's KL coefficient.
         kl_coef = self.kl_ctl.value
-        rewards, non_score_reward = compute_rewards(
-            scores=scores, logprobs=logprobs, ref_logprobs=ref_logprobs, kl_coef=kl_coef)
+        rollouts, data = zip(*utils.for_each_rank(lambda: self.rollout(kl_coef)))
 
-        train_stats = self.train(rollouts=dict(
-            queries=queries,
-            responses=responses,
-            values=rollouts['values'].float(),
-            logprobs=logprobs,
-            rewards=rewards,
-        ))
+        train_stats = self.train(rollouts)
 
-        stats = self.record_step_stats(
-            scores=scores, logprobs=logprobs, ref_logprobs=ref_logprobs, non_score_reward=non_score_reward,
-            train_stats=train_stats, score_stats=score_stats, kl_coef=kl_coef)
+        stats = self.record_step_stats(kl_coef=kl_coef, data=data, train_stats=train_stats)
 
         # Adaptive KL: once per batch, from the KL averaged over all ranks; n_steps = the global batch.
         self.kl_ctl.update(stats['objective/kl'], hparams.ppo.batch_size)
 
-        self.print_samples(queries=queries, responses=postprocessed_responses,
-                           scores=scores, logprobs=logprobs, ref_logprobs=ref_logprobs)
+        # Rank 0's samples (the process that prints carries rank 0 first).
+        self.print_samples(queries=rollouts[0]['queries'], responses=data[0]['postprocessed_responses'],
+                           scores=data[0]['scores'], logprobs=data[0]['logprobs'],
+                           ref_logprobs=data[0]['ref_logprobs'])
 
         # Record profiles of the step times
         step_time = time.time() - step_started_at
@@ -273,40 +261,88 @@ class PPOTrainer:
                   f"eps/s={eps_per_second:.2f}")
         return stats
 
-    def train(self, rollouts):
-        """noptepochs epochs over this rank's rollouts in nminibatches minibatches."""
-        stat_list = []
-        for ppo_epoch_idx in range(self.hparams.ppo.noptepochs):
-            # A fresh shuffle each epoch from numpy's global RNG, as the original (seeded per rank by
-            # set_mpi_seed, so each rank draws its own order of its own rollouts).
-            order = np.random.permutation(self.per_rank_rollout_batch_size)
-            for mb_start in range(0, self.per_rank_rollout_batch_size, self.per_rank_minibatch_size):
-                mb_indices = torch.from_numpy(order[mb_start:mb_start + self.per_rank_minibatch_size]).to(self.device)
-                mb_data = {k: v[mb_indices] for k, v in rollouts.items()}
-                stat_list.append(self.train_minibatch(mb_data))
-        # Collect the stats. (They will be averaged later.)
-        return {k: torch.stack([s[k] for s in stat_list]) for k in stat_list[0].keys()}
+    def rollout(self, kl_coef):
+        """One rank's rollout, in its section (no gradients): its queries, the policy's responses (the
+        sampling-time logprobs and values are the "old" ones), the reference logprobs, the scores of the
+        postprocessed (truncated) responses and the per-token rewards. Returns (rollouts, the PPO
+        minibatches' data; data, for the stats and the samples printed)."""
+        hparams = self.hparams
+        microbatch_size = self.microbatch_size
+        queries = self.sample_queries()
+        with torch.no_grad(), utils.autocast(self.bf16):
+            rollouts = self.policy.respond(queries, length=hparams.task.response_length,
+                                           microbatch_size=microbatch_size)
+            responses = rollouts['responses']
+            if self.bf16:
+                # Ours: under bf16 the sampler's cached decoding and the loss's full forward round
+                # differently, so PPO's ratio would start off 1 by up to ~2e-2 (the clip range is 0.2).
+                # The old logprobs and values are recomputed with the forward the loss uses, as the
+                # reference logprobs are. fp32 keeps the sampler's, as the original (PORTING.md).
+                recomputed = utils.microbatched(self.policy.analyze_responses, microbatch_size, queries, responses)
+                rollouts = dict(rollouts, logprobs=recomputed['logprobs'], values=recomputed['values'])
+            ref_logprobs = utils.microbatched(
+                self.ref_policy.analyze_responses, microbatch_size, queries, responses)['logprobs']
+            # Scored: the postprocessed (truncated) responses; PPO trains on the untruncated ones.
+            scores, postprocessed_responses, score_stats = self.score_fn(queries, responses)
+        logprobs = rollouts['logprobs'].float()
+        ref_logprobs = ref_logprobs.float()
+        scores = scores.float()
+        score_stats = {k: v.float() for k, v in score_stats.items()}
+        checkpointing.check_finite(self.global_step, scores=scores)  # ours: a broken reward model stops here
 
-    def train_minibatch(self, rollouts):
-        """One step of PPO training."""
+        rewards, non_score_reward = compute_rewards(
+            scores=scores, logprobs=logprobs, ref_logprobs=ref_logprobs, kl_coef=kl_coef)
+        rollouts = dict(queries=queries, responses=responses, values=rollouts['values'].float(),
+                        logprobs=logprobs, rewards=rewards)
+        data = dict(scores=scores, logprobs=logprobs, ref_logprobs=ref_logprobs, non_score_reward=non_score_reward,
+                    score_stats=score_stats, postprocessed_responses=postprocessed_responses)
+        return rollouts, data
+
+    def train(self, rollouts):
+        """noptepochs epochs over each rank's rollouts (one dict per rank this process carries) in
+        nminibatches minibatches. Returns each rank's stats, [number of minibatches] per key."""
+        stat_lists = [[] for _ in rollouts]
+        for ppo_epoch_idx in range(self.hparams.ppo.noptepochs):
+            # A fresh shuffle each epoch from numpy's global RNG, as the original: each rank draws its own
+            # order of its own rollouts, from its own stream (seeded by set_mpi_seed).
+            orders = utils.for_each_rank(lambda: np.random.permutation(self.per_rank_rollout_batch_size))
+            for mb_start in range(0, self.per_rank_rollout_batch_size, self.per_rank_minibatch_size):
+                minibatches = []
+                for rank_rollouts, order in zip(rollouts, orders):
+                    mb_indices = torch.from_numpy(order[mb_start:mb_start + self.per_rank_minibatch_size]).to(self.device)
+                    minibatches.append({k: v[mb_indices] for k, v in rank_rollouts.items()})
+                for stat_list, stats in zip(stat_lists, self.train_minibatch(minibatches)):
+                    stat_list.append(stats)
+        # Collect the stats. (They will be averaged later.)
+        return [{k: torch.stack([s[k] for s in stat_list]) for k in stat_list[0].keys()} for stat_list in stat_lists]
+
+    def train_minibatch(self, minibatches):
+        """One step of PPO training: every rank's loss on its own minibatch (one per rank this process
+        carries), one update with the gradients averaged over all ranks. Returns each rank's stats."""
         # Linear lr decay by PPO batch: constant within a batch's epochs and minibatches.
         lrnow = self.hparams.ppo.lr * (1 - policy_frac(self.hparams, self.global_step))
         for group in self.optimizer.param_groups:
             group['lr'] = lrnow
 
-        ppo_loss_value, stats = self.loss(rollouts)
         self.optimizer.zero_grad(set_to_none=True)
-        ppo_loss_value.backward()
+        stats = []
+        for minibatch in minibatches:  # one rank after another
+            stats.append(self.loss(minibatch))
+            self.rank_gradients.add_rank()
         # Average the gradients over ranks (the original's MPI allreduce in `minimize`); every rank then
         # applies the same update, so the ranks' policies stay identical. No gradient clipping.
-        utils.average_gradients(list(self.policy.parameters()))
+        self.rank_gradients.average()
         # Ours: stop before a non-finite update is applied (and so before it could be saved).
-        checkpointing.check_finite(self.global_step, loss=ppo_loss_value,
+        checkpointing.check_finite(self.global_step, **checkpointing.per_rank('loss', [s['loss/total'] for s in stats]),
                                    grad_norm=checkpointing.grad_norm(self.policy.parameters()))
         self.optimizer.step()
         return stats
 
     def loss(self, rollouts):
+        """One rank's PPO loss on its minibatch, back-propagated (its gradients add to .grad); returns its
+        stats. Ours: the policy runs on microbatches of at most run.microbatch_size sequences, each
+        back-propagated at once with its share of the minibatch's mean loss, so no graph holds more; the
+        rewards and advantages are still whitened over the whole minibatch, as the original."""
         ppo = self.hparams.ppo
         values = rollouts['values']
         old_logprob = rollouts['logprobs']
@@ -315,36 +351,53 @@ class PPOTrainer:
             rewards=rollouts['rewards'], values=values, gamma=ppo.gamma, lam=ppo.lam,
             whiten_rewards=ppo.whiten_rewards)
 
-        with utils.autocast(self.bf16):
-            outputs = self.policy.analyze_responses(rollouts['queries'], rollouts['responses'])
+        n = len(values)
+        weighted_stats = []
+        for piece in utils.microbatches(n, self.microbatch_size):
+            with utils.autocast(self.bf16):
+                outputs = self.policy.analyze_responses(rollouts['queries'][piece], rollouts['responses'][piece])
+            loss, stats = ppo_loss(
+                logprob=outputs['logprobs'].float(), vpred=outputs['values'].float(),
+                entropies=outputs['entropies'].float(), old_logprob=old_logprob[piece], old_values=values[piece],
+                advantages=advantages[piece], returns=returns[piece],
+                cliprange=ppo.cliprange, cliprange_value=ppo.cliprange_value, vf_coef=ppo.vf_coef)
+            # The loss and its stats are means over elements: the minibatch's are the microbatches'
+            # weighted by size (a weight of 1 without a split, which changes nothing).
+            weight = (piece.stop - piece.start) / n
+            (loss * weight).backward()
+            weighted_stats.append({k: v * weight for k, v in stats.items()})
+        stats = {k: sum(s[k] for s in weighted_stats) for k in weighted_stats[0]}
+        stats.update(minibatch_moments(returns=returns, old_values=values))
+        return stats
 
-        return ppo_loss(
-            logprob=outputs['logprobs'].float(), vpred=outputs['values'].float(),
-            entropies=outputs['entropies'].float(), old_logprob=old_logprob, old_values=values,
-            advantages=advantages, returns=returns,
-            cliprange=ppo.cliprange, cliprange_value=ppo.cliprange_value, vf_coef=ppo.vf_coef)
-
-    def record_step_stats(self, *, kl_coef, scores, logprobs, ref_logprobs, non_score_reward,
-                          score_stats, train_stats):
-        """Stats of this batch averaged over ranks, logged (table, TensorBoard, jsonl, wandb); returns them."""
+    def record_step_stats(self, *, kl_coef, data, train_stats):
+        """Stats of this batch (each rank's, as the original computed them from its data and train_stats,
+        one per rank this process carries) averaged over all ranks, logged (table, TensorBoard, jsonl,
+        wandb); returns them."""
         hparams = self.hparams
-        kl = logprobs - ref_logprobs
-        mean_kl = torch.mean(torch.sum(kl, dim=1))
-        mean_entropy = torch.mean(torch.sum(-logprobs, dim=1))  # sampled logprobs: a one-sample estimate
-        mean_non_score_reward = torch.mean(torch.sum(non_score_reward, dim=1))
-        stats = {
-            'objective/kl': mean_kl,
-            'objective/kl_coef': torch.tensor(kl_coef, dtype=torch.float32, device=mean_kl.device),
-            'objective/entropy': mean_entropy,
-        }
-        for k, v in train_stats.items():
-            stats[f'ppo/{k}'] = torch.mean(v, dim=0)
-        for k, v in score_stats.items():
-            mean = torch.mean(v, dim=0)
-            stats[f'objective/{k}'] = mean
-            stats[f'objective/{k}_total'] = mean + mean_non_score_reward
 
-        stats = utils.FlatStats.from_dict(stats).map_flat(utils.mpi_allreduce_mean).as_dict()
+        def rank_stats(*, scores, logprobs, ref_logprobs, non_score_reward, score_stats, train_stats, **_):
+            kl = logprobs - ref_logprobs
+            mean_kl = torch.mean(torch.sum(kl, dim=1))
+            mean_entropy = torch.mean(torch.sum(-logprobs, dim=1))  # sampled logprobs: a one-sample estimate
+            mean_non_score_reward = torch.mean(torch.sum(non_score_reward, dim=1))
+            stats = {
+                'objective/kl': mean_kl,
+                'objective/kl_coef': torch.tensor(kl_coef, dtype=torch.float32, device=mean_kl.device),
+                'objective/entropy': mean_entropy,
+            }
+            for k, v in train_stats.items():
+                stats[f'ppo/{k}'] = torch.mean(v, dim=0)
+            for k, v in score_stats.items():
+                mean = torch.mean(v, dim=0)
+                stats[f'objective/{k}'] = mean
+                stats[f'objective/{k}_total'] = mean + mean_non_score_reward
+            return utils.FlatStats.from_dict(stats)
+
+        per_rank = [rank_stats(**d, train_stats=t) for d, t in zip(data, train_stats)]
+        # Averaged in float64 (the original: float32), so that the result does not depend on how the
+        # ranks are spread over processes (the order of the sums).
+        stats = per_rank[0].with_values(utils.mpi_allreduce_mean([s.flat.double() for s in per_rank])).as_dict()
         stats = {k: v.item() for k, v in stats.items()}
 
         # Add more statistics (from the averaged ones)
@@ -395,9 +448,10 @@ class PPOTrainer:
             print(f"  total = {score - self.hparams.rewards.kl_coef * sample_kl:+.2f}")
 
 
-def make_score_fn(hparams, score_model):
+def make_score_fn(hparams, score_model, microbatch_size=None):
     """score_fn(queries, responses) -> (scores, postprocessed responses, stats): the reward model on
-    the postprocessed responses; a response that fails the filter gets exactly penalty_reward_value."""
+    the postprocessed responses (ours: at most microbatch_size at a time); a response that fails the
+    filter gets exactly penalty_reward_value."""
     padding_token = score_model.padding_token
 
     postprocess = lm_tasks.postprocess_fn_from_hparams(hparams, padding_token)
@@ -409,7 +463,7 @@ def make_score_fn(hparams, score_model):
 
     def score_fn(queries, responses):
         responses = postprocess(responses)
-        score = penalize(responses, score_model.score_fn(queries, responses))
+        score = penalize(responses, utils.microbatched(score_model.score_fn, microbatch_size, queries, responses))
         return score, responses, dict(score=score)
     return score_fn
 
@@ -480,7 +534,7 @@ def train(hparams: HParams):
 
     ppo_trainer = PPOTrainer(
         policy=policy, ref_policy=ref_policy, query_sampler=query_sampler,
-        score_fn=make_score_fn(hparams.task, score_model=score_model),
+        score_fn=make_score_fn(hparams.task, score_model=score_model, microbatch_size=hparams.run.microbatch_size),
         hparams=hparams)
 
     if utils.is_root() and save_dir:

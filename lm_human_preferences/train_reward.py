@@ -41,6 +41,15 @@ class RunHParams(hyperparams.HParams):
     # Ours: Weights & Biases logging (train_policy, which reuses this struct as the original did, logs).
     wandb: bool = False
     wandb_project: str = 'lm-human-preferences'
+    # Ours: at most this many sequences in any forward or backward pass of a model (sampling, logprobs,
+    # scoring, the PPO and reward-model losses, evaluation), to fit memory; None: no split. Results are
+    # the same up to fp32 rounding (the sampled tokens too): only memory and speed change.
+    microbatch_size: Optional[int] = None
+
+    def validate(self, *, prefix=''):
+        super().validate(prefix=prefix)
+        if self.microbatch_size is not None and self.microbatch_size < 1:
+            raise ValueError(f'{prefix}microbatch_size must be at least 1 (or unset: no split), got {self.microbatch_size}')
 
     def use_bf16(self):
         """Whether bf16 autocast is on: run.bf16, or (None) whether CUDA is available."""
@@ -73,6 +82,14 @@ class HParams(hyperparams.HParams):
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
         utils.exact_div(self.labels.num_train, self.batch_size)
+        microbatch_size = self.run.microbatch_size
+        if microbatch_size is not None:
+            # The label type's loss compares a label's samples in one pass: they share a microbatch.
+            per_label = len(label_types.get(self.labels.type).question_schemas(query_length=1, response_length=1)) - 1
+            if microbatch_size < per_label:
+                raise ValueError(f'{prefix}run.microbatch_size {microbatch_size} is smaller than the {per_label} '
+                                 f'sequences of one {self.labels.type} label (its query with each sample), which '
+                                 f'the reward model scores in one pass: use at least {per_label}')
 
 
 def _numpy_dtype(torch_dtype):
@@ -133,19 +150,21 @@ class RewardModelTrainer():
         self.reward_model = reward_model
 
         self.policy = policy
-        # Counted, so that a resumed run continues the query stream where it was (see save()).
+        # Counted, so that a resumed run continues each rank's query stream where it was (see save()).
         self.query_sampler = None if query_sampler is None else checkpointing.CountingSampler(query_sampler)
         self.hparams = hparams
         self.num_ranks = utils.get_world_size()
-        self.rank = utils.get_rank()
         self.device = utils.get_device()
         self.bf16 = hparams.run.use_bf16()
+        self.microbatch_size = hparams.run.microbatch_size  # ours: at most this many sequences per model pass
 
         self.label_type = label_types.get(hparams.labels.type)
         self.question_schemas = self.label_type.question_schemas(
             query_length=hparams.task.query_length,
             response_length=hparams.task.response_length,
         )
+        # The responses of a label (each is scored with the label's query).
+        self.sample_keys = [k for k in self.question_schemas if k != 'query']
 
         data_schemas = {
             **self.question_schemas,
@@ -161,6 +180,7 @@ class RewardModelTrainer():
         # The original's utils.minimize: gradients all-reduce-averaged over ranks, then TF1 Adam with
         # epsilon 1e-5 over all reward model params (the reward gain and bias included), no clipping.
         self.optimizer = utils.AdamTF(self.reward_model.parameters(), lr=hparams.lr, eps=1e-5)
+        self.rank_gradients = utils.RankGradients(self.reward_model.parameters())
         # Minibatches trained so far (the original's train_step variable): the only training position.
         self.global_step = 0
         # Ours, for resuming: the label order (drawn once after normalize_before), the results so far, and
@@ -176,25 +196,59 @@ class RewardModelTrainer():
     def add_to_buffer(self, labels):
         self.train_buffer.add(**labels)
 
+    def loss(self, labels, *, train):
+        """The label type's stats (its 'loss' included) on one rank's labels, and the rewards each sample
+        got ({sample key: [n]}). With train, the loss is back-propagated (its gradients add to .grad).
+
+        Ours: the reward model runs on microbatches of labels holding at most run.microbatch_size sequences
+        (a label's query with each of its samples), each microbatch's share of the mean loss back-propagated
+        at once, so no graph holds more. The stats are the label type's on all the labels, from the rewards
+        the samples got (no model pass): the same as without a split, for every label type.
+        """
+        n = len(labels['query'])
+        labels_per_piece = None if self.microbatch_size is None else self.microbatch_size // len(self.sample_keys)
+        rewards = {k: [] for k in self.sample_keys}
+        for piece in utils.microbatches(n, labels_per_piece):
+            piece_labels = {k: v[piece] for k, v in labels.items()}
+            sample_key = {id(piece_labels[k]): k for k in self.sample_keys}
+
+            def reward_model(queries, responses):  # records what each sample scored
+                scored = self.reward_model.get_rewards(queries, responses)
+                rewards[sample_key[id(responses)]].append(scored.detach())
+                return scored
+            with torch.set_grad_enabled(train), utils.autocast(self.bf16):
+                piece_loss = self.label_type.loss(reward_model=reward_model, labels=piece_labels)['loss']
+            if train:
+                (piece_loss * ((piece.stop - piece.start) / n)).backward()
+        rewards = {k: utils.cat_pieces(v) for k, v in rewards.items()}
+        sample_key = {id(labels[k]): k for k in self.sample_keys}
+        with torch.no_grad(), utils.autocast(self.bf16):
+            stats = self.label_type.loss(reward_model=lambda queries, responses: rewards[sample_key[id(responses)]],
+                                         labels=labels)
+        return {k: v.detach().float() for k, v in stats.items()}, rewards
+
     def train_batch(self, indices, lr):
-        minibatch = self._to_device(self.train_buffer.read(indices))
+        """One minibatch: each rank this process carries computes the loss on its own labels (indices: one
+        index array per rank) and adds its gradients; one update with them averaged over all ranks."""
         for group in self.optimizer.param_groups:
             group['lr'] = lr
-        with utils.autocast(self.bf16):
-            stats = self.label_type.loss(reward_model=self.reward_model.get_rewards, labels=minibatch)
         self.optimizer.zero_grad(set_to_none=True)
-        stats['loss'].backward()
-        utils.average_gradients(list(self.reward_model.parameters()))
+        stats = []
+        for our_indices in indices:  # one rank after another
+            stats.append(self.loss(self._to_device(self.train_buffer.read(our_indices)), train=True)[0])
+            self.rank_gradients.add_rank()
+        self.rank_gradients.average()
         # Ours: stop before a non-finite update is applied (and so before it could be saved).
-        checkpointing.check_finite(self.global_step, loss=stats['loss'],
+        checkpointing.check_finite(self.global_step, **checkpointing.per_rank('loss', [s['loss'] for s in stats]),
                                    grad_norm=checkpointing.grad_norm(self.reward_model.parameters()))
         self.optimizer.step()
 
         step = self.global_step
         self.global_step += 1
-        # record_stats averages the stats over ranks (the original's FlatStats mpi_allreduce_mean).
-        return utils.record_stats(stats={k: v.detach().float() for k, v in stats.items()},
-                                  summary_writer=self.summary_writer, step=step,
+        # The stats averaged over ranks (the original's FlatStats mpi_allreduce_mean), in float64 (the
+        # original: float32) so that the result does not depend on how the ranks are spread over processes.
+        stats = {k: utils.mpi_allreduce_mean([s[k].double() for s in stats]).float() for k in stats[0]}
+        return utils.record_stats(stats=stats, summary_writer=self.summary_writer, step=step,
                                   log_interval=self.hparams.run.log_interval, jsonl_path=self.stats_path)
 
     def target_mean_std(self):
@@ -210,19 +264,25 @@ class RewardModelTrainer():
 
     @torch.no_grad()
     def stats(self, query_responses):
-        with utils.autocast(self.bf16):
-            rewards = torch.cat([self.reward_model.get_rewards(qs, rs) for qs, rs in query_responses], dim=0)
-        assert rewards.dim() == 1, f'{tuple(rewards.shape)}'
+        """Mean and std of the rewards of every rank's samples (query_responses: for each rank this process
+        carries, its list of (queries, responses) batches)."""
+        def sums(rank_query_responses):
+            with utils.autocast(self.bf16):
+                rewards = torch.cat([utils.microbatched(self.reward_model.get_rewards, self.microbatch_size, qs, rs)
+                                     for qs, rs in rank_query_responses], dim=0)
+            assert rewards.dim() == 1, f'{tuple(rewards.shape)}'
+            # In float64 (the original: float32), so E[x^2] - E[x]^2 cannot go negative.
+            rewards = rewards.double()
+            return torch.stack([rewards.sum(dim=0), rewards.square().sum(dim=0)]), rewards.shape[0]
+        per_rank = [sums(rank_query_responses) for rank_query_responses in query_responses]
         # Sum and sum of squares pooled over ranks (each rank scored the same number of samples), then the
-        # population std. In float64 (the original: float32), so E[x^2] - E[x]^2 cannot go negative.
-        rewards = rewards.double()
-        sums = torch.stack([rewards.sum(dim=0), rewards.square().sum(dim=0)])
-        means, sqr_means = (utils.mpi_allreduce_sum(sums) / (self.num_ranks * rewards.shape[0])).tolist()
+        # population std.
+        means, sqr_means = (utils.mpi_allreduce_sum([s for s, _ in per_rank]) / (self.num_ranks * per_rank[0][1])).tolist()
         stds = float(np.sqrt(sqr_means - means ** 2))
         return means, stds
 
     def log_stats_after_normalize(self, stats):
-        if self.rank != 0:
+        if not utils.is_root():
             return
         means, stds = stats
         print(f'after normalize: {means} +- {stds}')
@@ -231,7 +291,7 @@ class RewardModelTrainer():
         self.reward_model.reset_reward_scale()
 
     def set_reward_norms(self, mean, std, new_mean, new_std):
-        if self.rank == 0:
+        if utils.is_root():
             print(f'targets: {new_mean} +- {new_std}')
             print(f'before normalize: {mean} +- {std}')
         # The original asserted np.isfinite; this error names the statistic.
@@ -243,14 +303,15 @@ class RewardModelTrainer():
     def sample_policy_batch(self):
         queries = self.query_sampler()['tokens']
         with utils.autocast(self.bf16):
-            responses = self.policy.respond(queries=queries, length=self.hparams.task.response_length)['responses']
+            responses = self.policy.respond(queries=queries, length=self.hparams.task.response_length,
+                                            microbatch_size=self.microbatch_size)['responses']
         return queries, responses
 
     def sample_policy_responses(self, n_samples):
-        # n_samples in total: each rank samples ceil(n / rollout_batch_size) batches of its
-        # rollout_batch_size / num_ranks queries, as the original.
+        """For each rank this process carries, in its section, its samples: n_samples in total, each rank
+        ceil(n / rollout_batch_size) batches of its rollout_batch_size / num_ranks queries, as the original."""
         n_batches = utils.ceil_div(n_samples, self.hparams.rollout_batch_size)
-        return [self.sample_policy_batch() for _ in range(n_batches)]
+        return utils.for_each_rank(lambda: [self.sample_policy_batch() for _ in range(n_batches)])
 
     def normalize(self, sample_fn, target_means, target_stds):
         """Returns dict(before=(mean, std), target=(mean, std), after=(mean, std) or None) (ours, for
@@ -274,34 +335,32 @@ class RewardModelTrainer():
     @torch.no_grad()
     def evaluate(self, labels, *, name):
         """Ours: mean loss (the label type's) and, for best_of_N, accuracy (the labeled best gets the highest
-        reward; a k-way tie for the highest counts 1/k, as a random tie-break would, so a constant model scores
-        1/N, not 100%) of the
-        reward model on labels (a dict of tensors), each rank scoring labels[rank::num_ranks]. Logged as
-        <name>/loss and <name>/accuracy at the current global_step; returns that dict."""
+        reward; a k-way tie for the highest counts 1/k, as a random tie-break would, so a constant model
+        scores 1/N, not 100%) of the reward model on labels (a dict of tensors), each rank scoring
+        labels[rank::num_ranks] in batches of its share of batch_size. Logged as <name>/loss and
+        <name>/accuracy at the current global_step; returns that dict."""
         n = len(next(iter(labels.values())))
         per_rank_batch_size = utils.exact_div(self.hparams.batch_size, self.num_ranks)
-        ours = torch.arange(self.rank, n, self.num_ranks)
-        sample_keys = [k for k in self.question_schemas if k != 'query']
-        loss_sum, correct = 0.0, 0.0
-        for start in range(0, len(ours), per_rank_batch_size):
-            batch = self._to_device({k: v[ours[start:start + per_rank_batch_size]] for k, v in labels.items()})
-            with utils.autocast(self.bf16):
-                # Each sample is scored once; the label type's loss looks the rewards up.
-                scored = {id(batch[k]): self.reward_model.get_rewards(batch['query'], batch[k]) for k in sample_keys}
-                stats = self.label_type.loss(reward_model=lambda queries, responses: scored[id(responses)],
-                                             labels=batch)
-            batch_n = len(batch['query'])
-            loss_sum += stats['loss'].float().item() * batch_n  # the losses are means over the batch
-            if isinstance(self.label_type, label_types.PickBest):
-                logits = torch.stack([scored[id(batch[k])] for k in sample_keys], dim=1)
-                is_max = logits == logits.max(dim=1, keepdim=True).values
-                correct += (is_max.gather(1, batch['best'].long()[:, None])[:, 0] / is_max.sum(dim=1)).sum().item()
-        totals = utils.mpi_allreduce_sum(torch.tensor([float(len(ours)), loss_sum, correct], dtype=torch.float64))
+        rank_totals = []
+        for rank in utils.local_ranks():
+            ours = torch.arange(rank, n, self.num_ranks)
+            loss_sum, correct = 0.0, 0.0
+            for start in range(0, len(ours), per_rank_batch_size):
+                batch = self._to_device({k: v[ours[start:start + per_rank_batch_size]] for k, v in labels.items()})
+                stats, rewards = self.loss(batch, train=False)
+                batch_n = len(batch['query'])
+                loss_sum += stats['loss'].item() * batch_n  # the losses are means over the batch
+                if isinstance(self.label_type, label_types.PickBest):
+                    logits = torch.stack([rewards[k] for k in self.sample_keys], dim=1)
+                    is_max = logits == logits.max(dim=1, keepdim=True).values
+                    correct += (is_max.gather(1, batch['best'].long()[:, None])[:, 0] / is_max.sum(dim=1)).sum().item()
+            rank_totals.append(torch.tensor([float(len(ours)), loss_sum, correct], dtype=torch.float64))
+        totals = utils.mpi_allreduce_sum(rank_totals)
         count = totals[0].item()
         results = {f'{name}/loss': totals[1].item() / count}
         if isinstance(self.label_type, label_types.PickBest):
             results[f'{name}/accuracy'] = totals[2].item() / count
-        if self.rank == 0:
+        if utils.is_root():
             print(f'{name} on {int(count)} labels: ' + ', '.join(f'{k} = {v:.6g}' for k, v in results.items()))
         utils.record_stats(stats=results, summary_writer=self.summary_writer, step=self.global_step,
                            log_interval=1, jsonl_path=self.stats_path)
@@ -332,8 +391,10 @@ class RewardModelTrainer():
                 target_mean, target_std = self.target_mean_std()
                 results['normalize_before'] = self.normalize(self.sample_policy_responses, target_mean, target_std)
 
-            # Make sure each rank gets the same shuffle so we train on each point exactly once
-            self.train_indices = utils.mpi_bcast(np.random.permutation(self.hparams.labels.num_train))
+            # Make sure each rank gets the same shuffle so we train on each point exactly once: every rank
+            # draws one from its own stream, as the original, and rank 0's is used.
+            permutations = utils.for_each_rank(lambda: np.random.permutation(self.hparams.labels.num_train))
+            self.train_indices = utils.mpi_bcast(permutations[0])
         train_indices = self.train_indices
 
         # Collect training data for reward model training.  train_indices will include the indices
@@ -342,13 +403,15 @@ class RewardModelTrainer():
 
         # Train on train_indices. The loop runs on global_step (batch global_step covers
         # train_indices[global_step * batch_size:][:batch_size]), so a restored global_step resumes it.
-        print(self.rank, "training on", self.hparams.labels.num_train, "in batches of", per_rank_batch_size)
+        if utils.is_root():
+            print("training on", self.hparams.labels.num_train, "in batches of", per_rank_batch_size,
+                  "per rank")
         num_batches = utils.exact_div(self.hparams.labels.num_train, self.hparams.batch_size)
         while self.global_step < num_batches:
             start_index = self.global_step * self.hparams.batch_size
             end_index = start_index + self.hparams.batch_size
             all_ranks_indices = train_indices[start_index:end_index]
-            our_indices = all_ranks_indices[self.rank::self.num_ranks]
+            our_indices = [all_ranks_indices[rank::self.num_ranks] for rank in utils.local_ranks()]
             lr = (1 - start_index / self.hparams.labels.num_train) * self.hparams.lr
             results['train'] = self.train_batch(our_indices, lr)
             # Ours: the original saved only at the end; a training state every save_interval batches.
@@ -359,7 +422,7 @@ class RewardModelTrainer():
         # change under that positive affine map; the loss would).
         if self.held_out_labels is not None:
             results['eval'] = self.evaluate(self.held_out_labels, name='eval')
-        elif self.rank == 0:
+        elif utils.is_root():
             print(f'no held-out labels: {self.hparams.labels.source} has no records past labels.num_train')
         if self.hparams.eval_train_labels:
             results['eval_train'] = self.evaluate(self.train_buffer.data(), name='eval_train')
@@ -407,7 +470,7 @@ class RewardModelTrainer():
         if not self.done:
             checkpointing.drop_stats_from(self.stats_path, state.step)  # the steps after it are redone
             self.summary_writer = utils.purge_summaries_from(self.summary_writer, state.step)
-        if self.rank == 0:
+        if utils.is_root():
             print(f'resuming reward model training from {state.path} (step {state.step}'
                   f'{", already finished" if self.done else ""})')
         return True

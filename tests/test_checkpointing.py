@@ -1,6 +1,6 @@
 """Tests for utils/checkpointing.py: training-state round trip (modules, Adam, RNGs, sampler position),
 keep-last-K, corruption fallback, full-disk saves, hparams compatibility, pickle refusal, non-finite
-checks, and the 2-rank gather / per-rank restore of RNG states."""
+checks, and the gather / per-rank restore of every rank's random streams (2 processes carrying 4 ranks)."""
 import errno
 import hashlib
 import json
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from lm_human_preferences.utils import checkpointing as ckpt
-from lm_human_preferences.utils import core, gcs, hyperparams, launch
+from lm_human_preferences.utils import core, gcs, hyperparams, launch, ranks
 
 
 class Net(torch.nn.Module):
@@ -36,30 +36,36 @@ def make(seed=0):
 
 
 def counter_sampler():
-    """A query stream whose batches depend on their position (and on the global torch RNG, as the
-    `test` dataset's texts depend on the global `random`)."""
-    position = [0]
+    """A query stream whose batches depend on their position and on the calling rank's torch stream (as
+    the `test` dataset's texts depend on the rank's `random`)."""
+    position = {}
 
     def sampler():
-        position[0] += 1
-        return torch.full((2, 4), float(position[0])) + torch.rand(2, 4)
+        rank = core.get_rank()
+        position[rank] = position.get(rank, 0) + 1
+        return torch.full((2, 4), float(position[rank] + 10 * rank)) + torch.rand(2, 4)
     return ckpt.CountingSampler(sampler)
 
 
-def train_steps(net, opt, sampler, gen, n):
-    """n steps drawing from every RNG the state must restore: sampler, torch, numpy, random, generator."""
+def train_steps(net, opt, sampler, n):
+    """n steps, each rank of this process drawing its batch and noise from its own streams (sampler,
+    torch, numpy, random), which the state must restore."""
     for _ in range(n):
-        x = sampler()
-        noise = torch.randn(2, 4, generator=gen) * float(np.random.rand()) * random.random()
-        loss = net.head(net.lin(x + noise)).square().mean()
+        def rank_loss():
+            x = sampler()
+            noise = torch.randn(2, 4) * float(np.random.rand()) * random.random()
+            return net.head(net.lin(x + noise)).square().mean()
         opt.zero_grad()
-        loss.backward()
+        for loss in core.for_each_rank(rank_loss):
+            loss.backward()
         opt.step()
 
 
-def draws(gen):
-    return (torch.rand(3).tolist(), np.random.rand(3).tolist(), [random.random() for _ in range(3)],
-            torch.rand(3, generator=gen).tolist())
+def draws():
+    """Each rank's next random numbers, and the process's own."""
+    def draw():
+        return torch.rand(3).tolist(), np.random.rand(3).tolist(), [random.random() for _ in range(3)]
+    return core.for_each_rank(draw), draw()
 
 
 def state_of(net, opt):
@@ -67,42 +73,43 @@ def state_of(net, opt):
 
 
 def test_round_trip_resumes_exactly(tmp_path):
-    net, opt = make()
-    sampler = counter_sampler()
-    gen = torch.Generator().manual_seed(5)
-    train_steps(net, opt, sampler, gen, 3)
-    perm = np.random.permutation(10)
-    path = ckpt.save_train_state(tmp_path, 3, modules=dict(net=net), optimizer=opt, samplers=dict(query=sampler),
-                                 generators=dict(g=gen), extra=dict(kl_coef=0.1234567891234, perm=perm,
-                                                                    t=torch.arange(3), done=False))
-    assert path == str(tmp_path / 'train_state' / 'state-3.json')
-    assert sorted(os.listdir(tmp_path / 'train_state')) == ['state-3.json', 'state-3.safetensors']
-    # The uninterrupted run goes on.
-    train_steps(net, opt, sampler, gen, 2)
-    want_params, want_opt = state_of(net, opt)
-    want_draws = draws(gen)
+    with ranks.carry(2):  # one process carrying two ranks, each with its own streams
+        core.set_mpi_seed(5)
+        net, opt = make()
+        sampler = counter_sampler()
+        train_steps(net, opt, sampler, 3)
+        perm = np.random.permutation(10)
+        path = ckpt.save_train_state(tmp_path, 3, modules=dict(net=net), optimizer=opt, samplers=dict(query=sampler),
+                                     extra=dict(kl_coef=0.1234567891234, perm=perm, t=torch.arange(3), done=False))
+        assert path == str(tmp_path / 'train_state' / 'state-3.json')
+        assert sorted(os.listdir(tmp_path / 'train_state')) == ['state-3.json', 'state-3.safetensors']
+        # The uninterrupted run goes on.
+        train_steps(net, opt, sampler, 2)
+        want_params, want_opt = state_of(net, opt)
+        want_draws = draws()
 
     # A fresh process: other init, other RNG states, a new sampler at position 0.
-    net2, opt2 = make(seed=1)
-    sampler2 = counter_sampler()
-    gen2 = torch.Generator().manual_seed(99)
-    np.random.seed(7)
-    random.seed(7)
-    state = ckpt.load_latest_train_state(tmp_path, modules=dict(net=net2), optimizer=opt2,
-                                         samplers=dict(query=sampler2), generators=dict(g=gen2))
-    assert state.step == 3 and sampler2.batches_drawn == 3
-    assert state.extra['kl_coef'] == 0.1234567891234 and state.extra['done'] is False
-    assert isinstance(state.extra['perm'], np.ndarray) and (state.extra['perm'] == perm).all()
-    assert torch.equal(state.extra['t'], torch.arange(3))
-    train_steps(net2, opt2, sampler2, gen2, 2)
-    got_params, got_opt = state_of(net2, opt2)
-    for k in want_params:
-        assert torch.equal(got_params[k], want_params[k]), k
-    for i, s in want_opt['state'].items():
-        for k in s:
-            assert torch.equal(got_opt['state'][i][k], s[k])
-    assert got_opt['param_groups'] == want_opt['param_groups']  # includes TF Adam's beta powers
-    assert draws(gen2) == want_draws
+    with ranks.carry(2):
+        core.set_mpi_seed(99)
+        net2, opt2 = make(seed=1)
+        sampler2 = counter_sampler()
+        state = ckpt.load_latest_train_state(tmp_path, modules=dict(net=net2), optimizer=opt2,
+                                             samplers=dict(query=sampler2))
+        assert state.step == 3 and sampler2.drawn == {0: 3, 1: 3}
+        assert state.extra['kl_coef'] == 0.1234567891234 and state.extra['done'] is False
+        assert isinstance(state.extra['perm'], np.ndarray) and (state.extra['perm'] == perm).all()
+        assert torch.equal(state.extra['t'], torch.arange(3))
+        train_steps(net2, opt2, sampler2, 2)
+        got_params, got_opt = state_of(net2, opt2)
+        for k in want_params:
+            assert torch.equal(got_params[k], want_params[k]), k
+        for i, s in want_opt['state'].items():
+            for k in s:
+                assert torch.equal(got_opt['state'][i][k], s[k])
+        assert got_opt['param_groups'] == want_opt['param_groups']  # includes TF Adam's beta powers
+        got_draws = draws()
+    assert got_draws == want_draws
+    assert want_draws[0][0] != want_draws[0][1]  # the two ranks' streams differ
 
 
 def test_no_state_and_keep_last_k(tmp_path):
@@ -353,35 +360,36 @@ def test_check_finite():
 
 # ---- two ranks: RNG states of every rank gathered, each rank restores its own; a failed save stops both ----
 
-def _two_rank_worker(save_dir, out_dir):
+def _two_process_worker(save_dir, out_dir):
     core.set_mpi_seed(3)
     net, opt = make()
     core.sync_params(net)
-    gen = torch.Generator().manual_seed(10 + core.get_rank())
-    torch.rand(core.get_rank() + 1)  # the ranks' streams differ
-    ckpt.save_train_state(save_dir, 1, modules=dict(net=net), optimizer=opt, generators=dict(g=gen))
-    result = dict(want=draws(gen))
-    torch.manual_seed(1234)
-    np.random.seed(1234)
-    ckpt.load_latest_train_state(save_dir, modules=dict(net=net), optimizer=opt, generators=dict(g=gen))
-    result['got'] = draws(gen)
+    core.for_each_rank(lambda: torch.rand(core.get_rank() + 1))  # the ranks' streams differ
+    ckpt.save_train_state(save_dir, 1, modules=dict(net=net), optimizer=opt)
+    result = dict(want=draws())
+    core.set_mpi_seed(1234)
+    ckpt.load_latest_train_state(save_dir, modules=dict(net=net), optimizer=opt)
+    result['got'] = draws()
     if core.is_root():
         os.write = _full_disk_after(0)  # rank 0's disk is full (this worker process only)
     try:
-        ckpt.save_train_state(save_dir, 2, modules=dict(net=net), optimizer=opt, generators=dict(g=gen))
+        ckpt.save_train_state(save_dir, 2, modules=dict(net=net), optimizer=opt)
     except ckpt.CheckpointWriteError as e:
         result['error'] = str(e)
-    with open(os.path.join(out_dir, f'rank{core.get_rank()}.json'), 'w') as f:
+    with open(os.path.join(out_dir, f'process{ranks.process_index()}.json'), 'w') as f:
         json.dump(result, f)
 
 
-def test_two_ranks(tmp_path, monkeypatch):
+def test_two_processes(tmp_path, monkeypatch):
     monkeypatch.setenv('LMHP_DIST_BACKEND', 'gloo')
-    launch.launch('ckpt', partial(_two_rank_worker, str(tmp_path / 'save'), str(tmp_path)), mpi=2)
-    r0, r1 = (json.loads((tmp_path / f'rank{r}.json').read_text()) for r in range(2))
-    assert r0['got'] == r0['want'] and r1['got'] == r1['want'] and r0['want'] != r1['want']
+    # 4 ranks in 2 processes: every rank's streams are gathered to process 0, and each restores its own.
+    launch.launch('ckpt', partial(_two_process_worker, str(tmp_path / 'save'), str(tmp_path)), mpi=4, procs=2)
+    p0, p1 = (json.loads((tmp_path / f'process{p}.json').read_text()) for p in range(2))
+    assert p0['got'] == p0['want'] and p1['got'] == p1['want']
+    rank_draws = p0['want'][0] + p1['want'][0]
+    assert all(rank_draws[i] != rank_draws[j] for i in range(4) for j in range(i))
     sidecar = json.load(open(tmp_path / 'save' / 'train_state' / 'state-1.json'))
-    assert sidecar['world_size'] == 2 and len(sidecar['rng']) == 2
-    # Rank 0's full disk: both ranks raise (rank 1 does not go on alone into the next collective).
-    assert r0['error'] == r1['error'] and 'No space left on device' in r0['error'] and 'state-2' in r0['error']
+    assert sidecar['world_size'] == 4 and len(sidecar['rng']['ranks']) == 4
+    # Process 0's full disk: both processes raise (process 1 does not go on alone into the next collective).
+    assert p0['error'] == p1['error'] and 'No space left on device' in p0['error'] and 'state-2' in p0['error']
     assert ckpt.train_state_steps(tmp_path / 'save') == [1]

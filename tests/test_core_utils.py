@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from lm_human_preferences.utils import core as utils
+from lm_human_preferences.utils import ranks
 
 
 def test_exact_div():
@@ -250,15 +251,18 @@ def test_flat_stats():
 def test_single_process_distributed_helpers():
     # Without a process group everything behaves as one MPI rank.
     assert utils.get_rank() == 0 and utils.get_world_size() == 1 and utils.is_root()
+    assert list(utils.local_ranks()) == [0]
     x = torch.tensor([1.0, 2.0])
-    assert utils.mpi_allreduce_sum(x) is x
-    assert utils.mpi_allreduce_mean(3.5) == 3.5
+    assert utils.mpi_allreduce_sum([x]) is x
+    assert utils.mpi_allreduce_mean([3.5]) == 3.5
     assert utils.mpi_bcast({'a': 1}) == {'a': 1}
     p = torch.nn.Parameter(torch.ones(2))
     p.grad = torch.full((2,), 4.0)
     utils.sync_params([p])
-    utils.average_gradients([p])
-    assert p.grad.tolist() == [4.0, 4.0]
+    grads = utils.RankGradients([p])
+    grads.add_rank()
+    grads.average()
+    assert p.grad.tolist() == [4.0, 4.0] and grads.sums is None  # one rank: nothing copied
     assert utils.get_device() == (torch.device('cuda', 0) if torch.cuda.is_available() else torch.device('cpu'))
 
 
@@ -271,6 +275,54 @@ def test_set_mpi_seed():
     assert torch.equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[2] == b[2]
     utils.set_mpi_seed(6)
     assert not torch.equal(torch.rand(3), a[0])
+
+
+def test_ranks_carried_by_one_process():
+    """Three ranks in this process: each has its own section, streams (seed + 100003 * rank, continued
+    from section to section) and share in the reductions; the process's own stream is apart."""
+    import random
+    with ranks.carry(3):
+        assert utils.get_world_size() == 3 and list(utils.local_ranks()) == [0, 1, 2]
+        assert utils.get_rank() == 0 and utils.is_root()  # outside the sections: the first rank carried
+        utils.set_mpi_seed(5)
+        first = utils.for_each_rank(lambda: (utils.get_rank(), utils.is_root(), torch.rand(2).tolist(),
+                                             np.random.rand(), random.random()))
+        assert [f[:2] for f in first] == [(0, True), (1, False), (2, False)]
+        second = utils.for_each_rank(lambda: torch.rand(2).tolist())
+        process_draw = torch.rand(2).tolist()
+        # Each rank's stream is the one a process of its own would have: seeded seed + 100003 * rank.
+        for rank, (f, s) in enumerate(zip(first, second)):
+            torch.manual_seed(5 + 100003 * rank)
+            np.random.seed(5 + 100003 * rank)
+            random.seed(5 + 100003 * rank)
+            assert f[2:] == (torch.rand(2).tolist(), np.random.rand(), random.random())
+            assert s == torch.rand(2).tolist()
+        torch.manual_seed(5)
+        assert process_draw == torch.rand(2).tolist()
+
+        assert utils.mpi_allreduce_sum([1, 2, 3]) == 6
+        assert utils.mpi_allreduce_mean([torch.tensor(3.0), torch.tensor(6.0), torch.tensor(0.0)]).item() == 3.0
+        # The mean of the ranks' gradients, summed in float64: exact whatever the order. Gradients 1,
+        # 2^-24, 2^-24 summed in float32 in this order lose both small ones (1 + 2^-24 rounds to 1).
+        p, q = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(1))
+        grads = utils.RankGradients([p, q])
+        for g in (1.0, 2 ** -24, 2 ** -24):
+            p.grad = torch.full((2,), g)  # q gets no gradient on any rank
+            grads.add_rank()
+            assert p.grad is None
+        grads.average()
+        exact = np.float32((1 + 2 ** -23) / 3)
+        assert exact != (np.float32(1) + np.float32(2 ** -24) + np.float32(2 ** -24)) / np.float32(3)
+        assert p.grad.dtype == torch.float32 and p.grad.tolist() == [exact] * 2
+        assert q.grad is None
+        assert grads.sums[0].tolist() == [0.0, 0.0]  # ready for the next minibatch
+        with pytest.raises(TypeError, match="the list of the values of this process's 3 ranks, got list of 2"):
+            utils.mpi_allreduce_sum([1, 2])
+        with pytest.raises(RuntimeError, match="collective over processes: call it outside the rank sections"):
+            utils.for_each_rank(lambda: utils.sync_params([p]))
+        with pytest.raises(RuntimeError, match='rank sections do not nest'):
+            utils.for_each_rank(lambda: utils.for_each_rank(lambda: None))
+    assert utils.get_world_size() == 1  # the layout ends with the block
 
 
 def test_chunk_tensors():

@@ -115,15 +115,15 @@ def test_prepared_queries_are_cached_and_memory_mapped(tmp_path, test_encoder):
     files = sorted(os.listdir(os.path.join(gcs.datasets_dir(), datasets.get_dataset(name).cache_name)))
     assert [f for f in files if f.endswith('.npy')] and not [f for f in files if '.tmp-' in f]
     again = datasets.get_dataset(name).torch_dataset(8, mode='test', encoder=test_encoder, start_token=26)
-    assert isinstance(again.queries, np.memmap)
-    assert again.queries.dtype == np.uint16
+    assert isinstance(again.shards[0].queries, np.memmap)
+    assert again.shards[0].queries.dtype == np.uint16
     assert torch.equal(first.next_batch(5), again.next_batch(5))
 
     # Editing the corpus changes the texts' hash: the queries are prepared again, not read stale.
     (root / '00.txt').write_text('zzz.yyy', encoding='utf-8')
     edited = datasets.get_dataset(name).torch_dataset(8, mode='test', encoder=test_encoder, start_token=26)
-    assert not isinstance(edited.queries, np.memmap)
-    assert 'yyy' in [test_encoder.decode(q) for q in edited.next_batch(len(edited.order)).tolist()]
+    assert not isinstance(edited.shards[0].queries, np.memmap)
+    assert 'yyy' in [test_encoder.decode(q) for q in edited.next_batch(len(edited.shards[0].order)).tolist()]
 
 
 def test_sharding_takes_every_nth_query_of_the_repeated_stream():
@@ -151,18 +151,22 @@ def _shard_worker(root, out_dir):
     from lm_human_preferences.utils import core
     data = datasets.get_dataset(f'local:{root}').torch_dataset(
         16, mode='train', encoder=encodings.Test.get_encoder(), start_token=26, end_token=26)
-    np.save(os.path.join(out_dir, f'rank{core.get_rank()}.npy'), data.next_batch(6).numpy())
+    batches = core.for_each_rank(lambda: data.next_batch(3))
+    for rank, batch in zip(core.local_ranks(), batches):
+        np.save(os.path.join(out_dir, f'rank{rank}.npy'), batch.numpy())
+    with pytest.raises(RuntimeError, match='inside their rank sections'):
+        data.next_batch(3)  # which rank's? this process carries two
 
 
-def test_two_ranks_take_alternate_queries(tmp_path, test_encoder):
+def test_four_ranks_in_two_processes_take_every_fourth_query(tmp_path, test_encoder):
     texts = corpus_texts(40)
     root = write_corpus(tmp_path / 'corpus', texts)
-    launch.launch('shards', partial(_shard_worker, str(root), str(tmp_path)), mpi=2)
+    launch.launch('shards', partial(_shard_worker, str(root), str(tmp_path)), mpi=4, procs=2)
     train = [t for i, t in enumerate(texts) if i % books.TEST_EVERY != 0]
     expected = reference_stream(train, test_encoder, 16, 26, 26)
     stream = [expected[i % len(expected)] for i in range(12)]
-    for rank in range(2):
-        assert np.load(tmp_path / f'rank{rank}.npy').tolist() == stream[rank::2]
+    for rank in range(4):
+        assert np.load(tmp_path / f'rank{rank}.npy').tolist() == stream[rank::4]
 
 
 def test_a_dataset_without_any_query_is_an_error(tmp_path, test_encoder):
@@ -199,7 +203,7 @@ def test_shared_books_with_gpt2(shared_dir, monkeypatch):
     encoder = encodings.Main.get_encoder()
     data = datasets.get_dataset(f'local:{shared_dir / "corpora" / "books"}').torch_dataset(
         64, mode='train', encoder=encoder, start_token=13, end_token=13)
-    assert len(data.order) > 700  # Alice + Pride and Prejudice: ~800 train passages, nearly all usable
+    assert len(data.shards[0].order) > 700  # Alice + Pride and Prejudice: ~800 train passages, nearly all usable
     for row in data.next_batch(20).tolist():
         real = [t for t in row if t != encoder.padding_token]
         assert real[-1] == 13 and row[len(real):] == [encoder.padding_token] * (64 - len(real))

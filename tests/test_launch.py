@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lm_human_preferences.utils import core, gcs, hyperparams, launch
+from lm_human_preferences.utils import core, gcs, hyperparams, launch, ranks
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -221,35 +221,49 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def _collectives_worker(out_dir, base_url):
-    rank, world = core.get_rank(), core.get_world_size()
-    assert dist.is_initialized() and dist.get_backend() == 'gloo' and world == 2
-    assert os.environ['LOCAL_RANK'] == str(rank)
+    process = ranks.process_index()
+    assert dist.is_initialized() and dist.get_backend() == 'gloo' and dist.get_world_size() == 2
+    assert core.get_world_size() == 4 and list(core.local_ranks()) == [2 * process, 2 * process + 1]
+    assert os.environ['LOCAL_RANK'] == str(process)
+    mine = list(core.local_ranks())
     res = {}
-    res['sum'] = core.mpi_allreduce_sum(torch.tensor([rank + 1.0, 10.0])).tolist()
-    res['mean'] = core.mpi_allreduce_mean(torch.tensor([rank + 1.0])).tolist()
-    res['np_mean'] = core.mpi_allreduce_mean(np.array([2.0 * rank])).tolist()
-    res['float_sum'] = core.mpi_allreduce_sum(0.5 + rank)
-    res['bcast_obj'] = core.mpi_bcast({'from': rank})
-    res['bcast_tensor'] = core.mpi_bcast(torch.full((2,), float(rank))).tolist()
+    res['sum'] = core.mpi_allreduce_sum([torch.tensor([r + 1.0, 10.0]) for r in mine]).tolist()
+    res['mean'] = core.mpi_allreduce_mean([torch.tensor([r + 1.0]) for r in mine]).tolist()
+    res['np_mean'] = core.mpi_allreduce_mean([np.array([2.0 * r]) for r in mine]).tolist()
+    res['float_sum'] = core.mpi_allreduce_sum([0.5 + r for r in mine])
+    res['bcast_obj'] = core.mpi_bcast({'from': process})
+    res['bcast_tensor'] = core.mpi_bcast(torch.full((2,), float(process))).tolist()
     res['is_root'] = core.is_root()
+    res['ranks_in_sections'] = core.for_each_rank(lambda: (core.get_rank(), core.is_root()))
+    res['all_gathered'] = core.all_gather_ranks([f'r{r}' for r in mine])
+    with pytest.raises(TypeError, match="the list of the values of this process's 2 ranks"):
+        core.mpi_allreduce_sum(torch.zeros(1))
+    with pytest.raises(RuntimeError, match='collective over processes'):
+        core.for_each_rank(lambda: core.mpi_bcast(1))
 
-    torch.manual_seed(100 + rank)  # different initial weights on each rank
+    torch.manual_seed(100 + process)  # different initial weights in each process
     model = torch.nn.Linear(3, 2)
-    model.register_buffer('gain', torch.tensor(float(rank + 7)))
+    model.register_buffer('gain', torch.tensor(float(process + 7)))
     core.sync_params(model)
     res['params'] = [t.tolist() for t in model.state_dict().values()]
-    model.weight.grad = torch.full_like(model.weight, float(rank))  # bias.grad stays None (skipped)
-    core.average_gradients(model.parameters())
+    # Each rank adds its gradient (rank r: r everywhere); bias.grad stays None (skipped).
+    grads = core.RankGradients(model.parameters())
+    for r in mine:
+        model.weight.grad = torch.full_like(model.weight, float(r))
+        grads.add_rank()
+    grads.average()
     res['grad'] = model.weight.grad.flatten().tolist()
+    res['bias_grad'] = model.bias.grad
     core.set_mpi_seed(1)
-    res['seeded'] = torch.rand(1).item()
+    res['seeded'] = core.for_each_rank(lambda: torch.rand(1).item())
+    res['process_stream'] = torch.rand(1).item()
     # gcs: rank 0 downloads, the others use its file; an error reaches every rank.
     res['path'] = gcs.download_file_cached(base_url + '/data.txt', cache_dir=os.path.join(out_dir, 'cache'))
     try:
         gcs.download_file_cached(base_url + '/missing', cache_dir=os.path.join(out_dir, 'cache'), backoff_s=0.01)
     except RuntimeError as e:
         res['error'] = str(e)
-    with open(os.path.join(out_dir, f'rank{rank}.json'), 'w') as f:
+    with open(os.path.join(out_dir, f'process{process}.json'), 'w') as f:
         json.dump(res, f)
 
 
@@ -259,38 +273,43 @@ def gloo(monkeypatch):
     monkeypatch.setenv('LMHP_DIST_BACKEND', 'gloo')
 
 
-def test_two_gloo_workers(tmp_path, gloo):
+def test_four_ranks_in_two_gloo_workers(tmp_path, gloo):
     httpd = ThreadingHTTPServer(('127.0.0.1', 0), _Handler)
     httpd.requests = []
     threading.Thread(target=httpd.serve_forever, kwargs=dict(poll_interval=0.02), daemon=True).start()
     base_url = f'http://127.0.0.1:{httpd.server_address[1]}'
     try:
-        launch.launch('collectives', partial(_collectives_worker, str(tmp_path), base_url), mpi=2)
+        launch.launch('collectives', partial(_collectives_worker, str(tmp_path), base_url), mpi=4, procs=2)
     finally:
         httpd.shutdown()
         httpd.server_close()
-    r0, r1 = (json.loads((tmp_path / f'rank{r}.json').read_text()) for r in range(2))
-    for r in (r0, r1):
-        assert r['sum'] == [3.0, 20.0] and r['mean'] == [1.5] and r['np_mean'] == [1.0] and r['float_sum'] == 2.0
-        assert r['bcast_obj'] == {'from': 0} and r['bcast_tensor'] == [0.0, 0.0]
-        assert r['grad'] == [0.5] * 6
-        assert r['error'] == f'could not download {base_url}/missing: HTTP 404 Not Found'
-        assert open(r['path']).read() == 'hello'
-    assert r0['is_root'] and not r1['is_root']
-    assert r0['params'] == r1['params'] and r1['params'][-1] == 7.0  # buffers synced too
-    assert r0['seeded'] != r1['seeded']  # seed + 100003 * rank
-    assert httpd.requests == ['/data.txt', '/missing']  # only rank 0 downloaded
+    p0, p1 = (json.loads((tmp_path / f'process{p}.json').read_text()) for p in range(2))
+    for p in (p0, p1):
+        # Reductions over the 4 ranks (values r + 1, 2r, 0.5 + r of ranks 0..3), whatever process carries them.
+        assert p['sum'] == [10.0, 40.0] and p['mean'] == [2.5] and p['np_mean'] == [3.0] and p['float_sum'] == 8.0
+        assert p['bcast_obj'] == {'from': 0} and p['bcast_tensor'] == [0.0, 0.0]
+        assert p['grad'] == [1.5] * 6 and p['bias_grad'] is None  # (0 + 1 + 2 + 3) / 4
+        assert p['all_gathered'] == ['r0', 'r1', 'r2', 'r3']
+        assert p['error'] == f'could not download {base_url}/missing: HTTP 404 Not Found'
+        assert open(p['path']).read() == 'hello'
+    assert p0['is_root'] and not p1['is_root']
+    assert p0['ranks_in_sections'] == [[0, True], [1, False]] and p1['ranks_in_sections'] == [[2, False], [3, False]]
+    assert p0['params'] == p1['params'] and p1['params'][-1] == 7.0  # buffers synced too
+    seeded = p0['seeded'] + p1['seeded']
+    assert len(set(seeded)) == 4  # seed + 100003 * rank: every rank its own stream
+    assert p0['process_stream'] == p1['process_stream']  # the processes' own streams: seed, in every one
+    assert httpd.requests == ['/data.txt', '/missing']  # only process 0 downloaded
 
 
 def _failing_worker():
-    if core.get_rank() == 1:
-        raise ValueError('boom from rank 1')
-    core.mpi_allreduce_sum(torch.zeros(1))  # rank 0 would wait here forever for rank 1
+    if ranks.process_index() == 1:
+        raise ValueError('boom from process 1')
+    core.mpi_allreduce_sum([torch.zeros(1)])  # process 0 would wait here forever for process 1
     time.sleep(60)
 
 
 def _failing_command(exp, name):
-    launch.launch(name, _failing_worker, mpi=2)
+    launch.launch(name, _failing_worker, mpi=2, procs=2)
 
 
 def test_raising_worker_ends_launch(capsys, gloo):
@@ -301,16 +320,17 @@ def test_raising_worker_ends_launch(capsys, gloo):
     err = capsys.readouterr().err
     assert e.value.code == 1
     assert elapsed < 15, elapsed
-    assert 'Traceback' in err and 'ValueError: boom from rank 1' in err and '_failing_worker' in err
+    assert 'Traceback' in err and 'ValueError: boom from process 1' in err and '_failing_worker' in err
 
 
 def _group_check(out_path):
     with open(out_path, 'w') as f:
-        json.dump([dist.is_initialized(), core.get_world_size()], f)
+        json.dump([dist.is_initialized(), dist.get_world_size(), core.get_world_size(), list(core.local_ranks())], f)
 
 
 def test_torchrun_env_joins_existing_group(tmp_path, monkeypatch):
-    # As under torchrun: the env describes the group; launch joins it in this process and ignores mpi.
+    # As under torchrun: the env describes the group (here one process); launch joins it in this process,
+    # whose processes then carry the `mpi` ranks.
     monkeypatch.setenv('WORLD_SIZE', '1')
     monkeypatch.setenv('RANK', '0')
     monkeypatch.setenv('LOCAL_RANK', '0')
@@ -318,8 +338,10 @@ def test_torchrun_env_joins_existing_group(tmp_path, monkeypatch):
     monkeypatch.setenv('MASTER_PORT', str(launch._free_port()))
     out = tmp_path / 'group.json'
     launch.launch('t', partial(_group_check, str(out)), mpi=4)
-    assert json.loads(out.read_text()) == [True, 1]
+    assert json.loads(out.read_text()) == [True, 1, 4, [0, 1, 2, 3]]
     assert not dist.is_initialized()
+    with pytest.raises(launch.ConfigError, match='--procs 2, but torchrun started 1 processes'):
+        launch.launch('t', partial(_group_check, str(out)), mpi=4, procs=2)
 
 
 _RSS_AFTER_FREE = '''

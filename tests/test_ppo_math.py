@@ -114,16 +114,19 @@ def test_ppo_loss_against_numpy():
     np.testing.assert_allclose(stats['val/clipfrac'].item(), ref['vf_clipfrac'], rtol=1e-6)
     np.testing.assert_allclose(stats['policy/approxkl'].item(), ref['approxkl'], rtol=1e-5)
     np.testing.assert_allclose(stats['policy/entropy'].item(), entropies.mean(), rtol=1e-5)
-    np.testing.assert_allclose(stats['returns/mean'].item(), returns.mean(), rtol=1e-5)
-    np.testing.assert_allclose(stats['returns/var'].item(), returns.var(), rtol=1e-5)
-    # val/mean and val/var are of the old values (the rollout's), val/vpred of the new predictions.
-    np.testing.assert_allclose(stats['val/mean'].item(), old_values.mean(), rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(stats['val/var'].item(), old_values.var(), rtol=1e-5)
     np.testing.assert_allclose(stats['val/vpred'].item(), vpred.mean(), rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(stats['val/error'].item(), ((vpred - returns) ** 2).mean(), rtol=1e-5)
     assert sorted(stats) == sorted([
         'loss/policy', 'loss/value', 'loss/total', 'policy/entropy', 'policy/approxkl', 'policy/clipfrac',
-        'returns/mean', 'returns/var', 'val/vpred', 'val/error', 'val/clipfrac', 'val/mean', 'val/var'])
+        'val/vpred', 'val/error', 'val/clipfrac'])
+    # The stats that need no model, over the whole minibatch: val/mean and val/var are of the old values
+    # (the rollout's), val/vpred (above) of the new predictions.
+    moments = train_policy.minibatch_moments(returns=t(returns), old_values=t(old_values))
+    np.testing.assert_allclose(moments['returns/mean'].item(), returns.mean(), rtol=1e-5)
+    np.testing.assert_allclose(moments['returns/var'].item(), returns.var(), rtol=1e-5)
+    np.testing.assert_allclose(moments['val/mean'].item(), old_values.mean(), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(moments['val/var'].item(), old_values.var(), rtol=1e-5)
+    assert sorted(moments) == ['returns/mean', 'returns/var', 'val/mean', 'val/var']
 
 
 def test_ppo_loss_clip_fractions_are_strict_and_value_clip_is_around_old_values():

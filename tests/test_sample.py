@@ -103,3 +103,110 @@ def test_policy_respond_matches_analyze_responses():
     torch.testing.assert_close(r['logprobs'], a['logprobs'], atol=1e-5, rtol=0)
     torch.testing.assert_close(r['values'], a['values'], atol=1e-5, rtol=0)
     assert torch.all(a['entropies'] > 0)
+
+
+@pytest.fixture
+def demo_shaped_policy(tmp_path):
+    """A random policy of the demo's shape (2 layers, width 128, its character encoding), large enough
+    that split matmuls round differently, loaded from a checkpoint as any model dir."""
+    from lm_human_preferences.language import encodings, model
+    torch.manual_seed(0)
+    hp = model.HParams(n_vocab=27, n_ctx=64, n_embd=128, n_head=4, n_layer=2)
+    trained_models.save_checkpoint(str(tmp_path / 'model'), 0, model.Model(hp), hparams=hp, encoding=encodings.Test)
+    policy = Policy(trained_models.TrainedModel(str(tmp_path / 'model')))
+    with torch.no_grad():
+        policy.model.heads.value.w.normal_()  # the value head starts at zero
+    return policy
+
+
+@pytest.mark.parametrize('microbatch_size', [1, 3, 8])
+def test_microbatched_sampling_draws_the_same_tokens(demo_shaped_policy, microbatch_size):
+    """Policy.respond with microbatches of at most K rows (each with its own KV cache) samples the same
+    tokens as one batch, from the same random numbers; logprobs and values agree to fp32 rounding."""
+    policy = demo_shaped_policy
+    pad = policy.padding_token
+    queries = torch.randint(0, 27, (7, 12))
+    queries[1, 5:] = pad
+    queries[4, 3:8] = pad
+    whole = policy.respond(queries, length=20, generator=torch.Generator().manual_seed(5))
+    split = policy.respond(queries, length=20, generator=torch.Generator().manual_seed(5),
+                           microbatch_size=microbatch_size)
+    assert torch.equal(whole['responses'], split['responses'])
+    torch.testing.assert_close(split['logprobs'], whole['logprobs'], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(split['values'], whole['values'], atol=1e-6, rtol=1e-5)
+
+
+def _count_host_reads(monkeypatch):
+    """Counts the Python-level ways a tensor's value reaches the host (each one waits for the device)."""
+    counts = {'n': 0}
+    for name in ('item', 'tolist', '__bool__', '__int__', '__float__', '__index__', 'numpy', 'nonzero'):
+        original = getattr(torch.Tensor, name)
+
+        def counting(self, *args, _original=original, **kwargs):
+            counts['n'] += 1
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, counting)
+    original_nonzero = torch.nonzero
+
+    def counting_nonzero(*args, **kwargs):
+        counts['n'] += 1
+        return original_nonzero(*args, **kwargs)
+    monkeypatch.setattr(torch, 'nonzero', counting_nonzero)
+    return counts
+
+
+def test_decoding_reads_nothing_on_the_host_per_token(demo_shaped_policy, monkeypatch):
+    """No step of the decoding loop moves a value to the host or branches on one (on a GPU each would
+    stall the launch queue): the host reads of respond() do not grow with the response length."""
+    policy = demo_shaped_policy
+    pad = policy.padding_token
+    queries = torch.randint(0, 27, (4, 12))
+    queries[2, 6:] = pad
+    counts = _count_host_reads(monkeypatch)
+    reads = []
+    for length in (2, 12, 40):  # 12 + 40 > n_ctx 64 only through pads: the position check runs once
+        counts['n'] = 0
+        with torch.no_grad():
+            policy.respond(queries[:3, :] if length == 40 else queries, length=length, microbatch_size=2)
+        reads.append(counts['n'])
+    assert reads[0] == reads[1], reads
+    assert reads[2] <= reads[0] + 1, reads
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA only: the CPU test above counts the host reads')
+def test_decoding_does_not_synchronize_on_cuda(demo_shaped_policy):
+    """torch's own detector: the synchronizations of respond() do not grow with the response length."""
+    import warnings
+    policy = demo_shaped_policy.cuda()
+    queries = torch.randint(0, 27, (4, 12), device='cuda')
+    syncs = []
+    for length in (2, 2, 12):  # the first call warms up
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+            warnings.simplefilter('always')
+            torch.cuda.set_sync_debug_mode('warn')
+            try:
+                policy.respond(queries, length=length, microbatch_size=2)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        syncs.append(sum('synchroniz' in str(w.message) for w in caught))
+    assert syncs[1] == syncs[2], syncs
+
+
+def test_positions_beyond_n_ctx_are_refused_before_decoding(demo_shaped_policy):
+    policy = demo_shaped_policy
+    queries = torch.randint(0, 27, (2, 40))  # no pads: 40 + 30 - 1 tokens need positions up to 68 > 63
+    with pytest.raises(ValueError, match='69 tokens need positions beyond n_ctx = 64'):
+        policy.respond(queries, length=30)
+
+
+def test_a_row_without_finite_logits_is_reported_after_the_loop():
+    logits_row = torch.zeros(n_vocab)
+
+    def step_with_nan_row(hparams, tokens, past=None, past_tokens=None):
+        logits = logits_row.expand(tokens.shape + logits_row.shape).clone()
+        if past is not None:  # a decoding step: row 1 has no finite logit
+            logits[1] = float('nan')
+        return {'logits': logits, 'presents': 'cache'}
+    with pytest.raises(FloatingPointError, match=r'rows \[1\] have no finite logits'):
+        sample.sample_sequence(step=step_with_nan_row, model_hparams=hparams, length=3,
+                               context=torch.zeros(3, 1, dtype=torch.long))

@@ -246,7 +246,7 @@ class FakePolicy(nn.Module):
         return dict(logprobs=logp[responses], entropies=-(logp.exp() * logp).sum().expand(responses.shape),
                     values=self.v * torch.arange(1, length + 1).float().expand(responses.shape))
 
-    def respond(self, queries, length):
+    def respond(self, queries, length, microbatch_size=None):
         responses = (queries[:, :1] + torch.arange(length)) % self.n_vocab
         return dict(responses=responses, **{k: v for k, v in self.analyze_responses(queries, responses).items()
                                             if k != 'entropies'})
@@ -363,7 +363,8 @@ def test_trainer_loss_wiring_against_numpy():
               values=torch.tensor(rng.normal(size=(8, 3)), dtype=torch.float32),
               logprobs=torch.tensor(rng.normal(-1.6, 0.3, size=(8, 3)), dtype=torch.float32),
               rewards=torch.tensor(rng.normal(0.5, 2, size=(8, 3)), dtype=torch.float32))
-    loss, stats = trainer.loss(mb)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    stats = trainer.loss(mb)
 
     new = {k: v.detach().numpy().astype(np.float64) for k, v in
            trainer.policy.analyze_responses(mb['queries'], mb['responses']).items()}
@@ -374,7 +375,52 @@ def test_trainer_loss_wiring_against_numpy():
     ref = np_ppo_loss(logprob=new['logprobs'], vpred=new['values'], old_logprob=np_mb['logprobs'],
                       old_values=np_mb['values'], advantages=np_whiten(adv), returns=adv + np_mb['values'],
                       cliprange=0.2, cliprange_value=0.2, vf_coef=0.1)
-    np.testing.assert_allclose(loss.item(), ref['total'], rtol=1e-4)
+    np.testing.assert_allclose(stats['loss/total'].item(), ref['total'], rtol=1e-4)
     np.testing.assert_allclose(stats['loss/value'].item(), ref['value'], rtol=1e-4)
     np.testing.assert_allclose(stats['returns/mean'].item(), (adv + np_mb['values']).mean(), rtol=1e-4, atol=1e-6)
-    assert loss.requires_grad
+    # The loss was back-propagated: every parameter of the policy got a gradient.
+    assert all(p.grad is not None for p in trainer.policy.parameters())
+
+
+@pytest.mark.parametrize('bf16', [False, True])
+def test_first_minibatch_ratio_is_one(tmp_path, monkeypatch, bf16):
+    """PPO's ratio new / old probability is exactly 1 at the first minibatch of the first epoch (nothing has
+    been updated yet). Under bf16 autocast the sampler's cached decoding rounds differently from the loss's
+    full forward, so the old logprobs are recomputed with the loss's forward: the ratio stays within 1e-3
+    (the clip range is 0.2). In fp32 the sampler's logprobs are kept, as the original."""
+    from lm_human_preferences.language import encodings, model
+    torch.manual_seed(0)
+    hp = model.HParams(n_vocab=27, n_ctx=64, n_embd=128, n_head=4, n_layer=2)  # the demo's shape
+    trained_models.save_checkpoint(str(tmp_path / 'm'), 0, model.Model(hp), hparams=hp, encoding=encodings.Test)
+    m = trained_models.TrainedModel(str(tmp_path / 'm'))
+    policy, ref_policy = Policy(m), Policy(m)
+    with torch.no_grad():
+        policy.model.heads.value.w.normal_()
+    trainer, _ = fake_trainer(**{'task.query_length': 32, 'task.response_length': 24, 'ppo.noptepochs': 1,
+                                 'ppo.batch_size': 64, 'ppo.total_episodes': 64, 'ppo.nminibatches': 1,
+                                 'run.bf16': bf16})
+    trainer.policy, trainer.ref_policy = policy, ref_policy
+    trainer.optimizer = train_policy.utils.AdamTF(policy.parameters(), lr=1e-3)
+    trainer.rank_gradients = train_policy.utils.RankGradients(policy.parameters())
+    trainer.sample_queries = lambda: torch.randint(0, 27, (64, 32))
+
+    sampled, ratios = [], []
+    respond, ppo_loss = policy.respond, train_policy.ppo_loss
+    monkeypatch.setattr(policy, 'respond', lambda *a, **k: sampled.append(respond(*a, **k)) or sampled[-1])
+
+    def recording_ppo_loss(**kw):
+        ratios.append(torch.exp(kw['logprob'] - kw['old_logprob']).detach())
+        return ppo_loss(**kw)
+    monkeypatch.setattr(train_policy, 'ppo_loss', recording_ppo_loss)
+    old_logprobs = []
+    train = trainer.train
+    monkeypatch.setattr(trainer, 'train', lambda rollouts: old_logprobs.append(rollouts[0]['logprobs']) or train(rollouts))
+    trainer.step()
+    off = (ratios[0] - 1).abs().max().item()
+    sampler_off = (sampled[0]['logprobs'].float() - old_logprobs[0]).abs().max().item()
+    if bf16:
+        assert off <= 1e-3
+        # With the sampler's logprobs the ratio would be off by bf16 rounding (on a GPU, 124M: up to 2e-2).
+        assert sampler_off > 1e-4 and off < sampler_off / 10
+    else:
+        assert off <= 1e-5 and sampler_off == 0

@@ -199,7 +199,7 @@ def _batches(*values):
 
 def test_stats_pools_batches_with_population_std():
     trainer = _trainer(StubRewardModel())
-    mean, std = trainer.stats(_batches([1, 2, 3, 4], [5, 6]))
+    mean, std = trainer.stats([_batches([1, 2, 3, 4], [5, 6])])  # one rank's batches
     # 1..6: mean 3.5, population variance 35/12.
     assert mean == pytest.approx(3.5, abs=1e-12)
     assert std == pytest.approx(math.sqrt(35 / 12), abs=1e-12)
@@ -239,7 +239,7 @@ def test_normalize_resets_then_hits_the_target_exactly_on_its_samples():
     with torch.no_grad():
         stub.real.reward_gain.fill_(3.0)
         stub.real.reward_bias.fill_(-7.0)
-    result = trainer.normalize(lambda n: samples, 0.5, 2.0)
+    result = trainer.normalize(lambda n: [samples], 0.5, 2.0)  # one rank's samples
     assert result['before'] == (pytest.approx(3.5), pytest.approx(math.sqrt(35 / 12)))
     assert stub.real.reward_gain.item() == pytest.approx(2.0 / math.sqrt(35 / 12), rel=1e-6)
     assert stub.real.reward_bias.item() == pytest.approx(0.5 - 3.5 * 2.0 / math.sqrt(35 / 12), rel=1e-6)

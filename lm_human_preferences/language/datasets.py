@@ -31,7 +31,7 @@ from lm_human_preferences.datasets.cnndm import cnndm_texts
 from lm_human_preferences.datasets.demo import demo_texts
 from lm_human_preferences.datasets.local import local_texts
 from lm_human_preferences.datasets.tldr import tldr_texts
-from lm_human_preferences.utils import core, gcs
+from lm_human_preferences.utils import core, gcs, ranks
 
 _registry: Dict[str, "Dataset"] = {}
 
@@ -79,21 +79,23 @@ class Dataset:
             end_token=None,
             padding_token=None,
     ):
-        """This rank's share of the query stream: an iterator of dict(tokens=LongTensor [sequence_length])
-        with next_batch(batch_size) -> LongTensor [batch_size, sequence_length] (the original's tf_dataset;
-        its `comm` is replaced by the torch.distributed rank and world size)."""
+        """Each rank's share of the query stream: an iterator of dict(tokens=LongTensor [sequence_length])
+        with next_batch(batch_size) -> LongTensor [batch_size, sequence_length], giving the share of the
+        rank whose section calls it (the original's tf_dataset; its `comm` is replaced by the ranks this
+        process carries, utils/ranks.py). Collective over processes: call it outside the rank sections."""
         if padding_token is None:
             padding_token = encoder.padding_token
         cut = partial(cut_query, sequence_length=sequence_length, start_token=start_token,
                       end_token=end_token, padding_token=padding_token)
-        num_shards, shard_idx = core.get_world_size(), core.get_rank()
+        num_shards = core.get_world_size()
         if num_shards > 1:
             assert seed is not None
 
         if self.generator is not None:
             make_texts = partial(self.generator, mode, seed=seed, shuffle=shuffle)
-            return GeneratorQueries(make_texts, encoder=encoder, cut=cut, num_shards=num_shards,
-                                    shard_idx=shard_idx, repeat_count=repeat_count, desc=f'{self.name} {mode}')
+            return RankShards({rank: GeneratorQueries(
+                make_texts, encoder=encoder, cut=cut, num_shards=num_shards, shard_idx=rank,
+                repeat_count=repeat_count, desc=f'{self.name} {mode}') for rank in ranks.local_ranks()})
 
         queries, valid = self._prepared_queries(mode, encoder=encoder, cut=cut)
         order = list(range(len(queries)))
@@ -107,7 +109,8 @@ class Dataset:
             raise ValueError(
                 f"dataset {self.name} mode {mode}: none of its {len(queries)} texts gives a query "
                 f"(start_token={start_token}, end_token={end_token}: every text lacks one of them)")
-        return ArrayQueries(queries, order, num_shards=num_shards, shard_idx=shard_idx, repeat_count=repeat_count)
+        return RankShards({rank: ArrayQueries(queries, order, num_shards=num_shards, shard_idx=rank,
+                                              repeat_count=repeat_count) for rank in ranks.local_ranks()})
 
     def _prepared_queries(self, mode, *, encoder, cut):
         """(queries [n_texts, sequence_length], valid [n_texts] bool) for all texts of the split in source
@@ -117,11 +120,12 @@ class Dataset:
                         encoder_probe=encoder.encode(_ENCODER_PROBE), **cut.keywords)
         key = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
         base = os.path.join(gcs.datasets_dir(), self.cache_name, f'{mode}.queries-{key}')
-        # Rank 0 decides, so that every rank takes the same branch (the downloads inside are collective).
+        # Rank 0's process decides, so that every process takes the same branch (the downloads inside are
+        # collective).
         if core.mpi_bcast(os.path.exists(base + '.npy')):
             return np.load(base + '.npy', mmap_mode='r'), np.load(base + '.valid.npy')
 
-        # Every rank encodes (a minute or two for the largest splits) instead of waiting for rank 0
+        # Every process encodes (a minute or two for the largest splits) instead of waiting for rank 0
         # inside a collective, which could time out; rank 0 alone writes the files.
         if texts is None:
             texts = _read_jsonl(self._texts_path(mode))
@@ -179,6 +183,29 @@ def cut_query(tokens, *, sequence_length, start_token, end_token, padding_token)
 
     assert len(tokens) == sequence_length
     return tokens
+
+
+class RankShards:
+    """The query streams of the ranks this process carries: next_batch and next() read the stream of the
+    rank whose section is running (core.get_rank()); a process carrying one rank may call them anywhere."""
+
+    def __init__(self, shards):
+        self.shards = shards
+
+    def _shard(self):
+        if len(self.shards) > 1 and not ranks.in_section():
+            raise RuntimeError(f'this process carries ranks {sorted(self.shards)}: read their queries inside '
+                               f'their rank sections (utils/ranks.py)')
+        return self.shards[core.get_rank()]
+
+    def next_batch(self, batch_size):
+        return self._shard().next_batch(batch_size)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._shard())
 
 
 class ArrayQueries:
@@ -245,9 +272,9 @@ def _encode_queries(texts, *, encoder, cut, desc):
     queries = np.zeros((len(texts), sequence_length), dtype=np.int32)
     valid = np.zeros(len(texts), dtype=bool)
     chunk = 256
-    # Threads: tiktoken releases the GIL while encoding. Each rank prepares (see _prepared_queries), so
-    # the cores are shared among the ranks.
-    workers = max(1, (os.cpu_count() or 1) // core.get_world_size())
+    # Threads: tiktoken releases the GIL while encoding. Each process prepares (see _prepared_queries), so
+    # the cores are shared among the processes.
+    workers = max(1, (os.cpu_count() or 1) // ranks.num_processes())
     with ThreadPoolExecutor(workers) as pool, tqdm(total=len(texts), desc=desc, unit='text',
                                                     disable=not core.is_root()) as progress:
         cut_chunk = lambda i: [cut(encoder.encode(t)) for t in texts[i:i + chunk]]

@@ -218,7 +218,7 @@ class Model(nn.Module):
             for name in self.scalar_heads})
 
     def forward(self, X, past: Optional[KVCache] = None, past_tokens=None, padding_token=None,
-                output_positions=slice(None), lm_logits=True, return_present=True):
+                output_positions=slice(None), lm_logits=True, return_present=True, check_inputs=True):
         """X: token ids [b, s]. past: the `present` of an earlier call on the preceding tokens.
         past_tokens: those preceding tokens [b, p] (needed with padding_token, to mask pads in past).
         output_positions: the positions (a slice of the s new ones) that get logits and head outputs.
@@ -227,6 +227,9 @@ class Model(nn.Module):
         return_present: False drops the keys and values as soon as each layer is done with them, for
         callers that will not extend the sequence (they hold every layer's c_attn output: 0.6 GB for a
         reward model's forward at batch 64, which TF's pruning also never kept).
+        check_inputs: False skips the two checks that read token values on the host (positions beyond
+        n_ctx with padding, rows starting with a pad): each would make a decoding step wait for the
+        device. Policy.respond checks its contexts once before its loop instead.
 
         Returns lm_logits [b, o, n_vocab] fp32 (unless lm_logits=False), present (a KVCache of all t tokens,
         unless return_present=False), h [b, s, e] and
@@ -257,7 +260,7 @@ class Model(nn.Module):
         else:
             # exclusive cumulative count of real tokens over past + current, sliced to the new ones
             positions = (torch.cumsum(mask, dim=1) - mask.long())[:, past_length:]  # [b, s]
-        if past_length + sequence > hp.n_ctx and (mask is None or int(positions.max()) >= hp.n_ctx):
+        if past_length + sequence > hp.n_ctx and (mask is None or (check_inputs and int(positions.max()) >= hp.n_ctx)):
             raise ValueError(f'{past_length + sequence} tokens need positions beyond n_ctx = {hp.n_ctx}')
         h = F.embedding(X, self.wte) + F.embedding(positions, self.wpe)  # [b, s, e]
 
@@ -285,7 +288,7 @@ class Model(nn.Module):
             # For non-present tokens, use the output from the last present token instead.
             present_indices = torch.where(mask[:, past_length:], torch.arange(sequence, device=X.device), -1)
             use_indices = utils.cumulative_max(present_indices)  # [b, s]
-            if bool((use_indices[:, 0] < 0).any()):
+            if check_inputs and bool((use_indices[:, 0] < 0).any()):
                 rows = torch.nonzero(use_indices[:, 0] < 0).flatten().tolist()
                 raise ValueError(f'rows {rows} of X start with the padding token {padding_token}: a pad takes the '
                                  f'hidden state of an earlier real token of the same call, so X[:, 0] must be real')

@@ -14,7 +14,8 @@ def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_
     Inputs:
         step: A function which takes model hparams, a tokens tensor, past and past_tokens, and
             returns a dictionary with 'logits' [b, s, n_vocab], 'presents' (passed back as past), and
-            any extra outputs [b, s].
+            any extra outputs [b, s]. It is called once on the context, then once per new token without
+            reading values on the host (Policy.respond skips the model's input checks there).
         context: Includes start tokens, [b, c].
         length: number of tokens to sample (always exactly this many: the original's `cond` is unused).
         extra_outputs: keys of step's outputs to collect, e.g. ('values',). (The original took a map
@@ -37,7 +38,9 @@ def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_
 
     # As the original, top_k / top_p are not applied to the first sampled token.
     first_output_logits = beta * logits
-    first_outputs = utils.sample_from_logits(first_output_logits, generator=generator)  # [b]
+    # Ours: nothing in the loop reads a value on the host, so the device never waits for it; whether
+    # every row had a finite logit at every step is checked once, after the loop.
+    first_outputs, has_finite = utils.sample_from_logits_unchecked(first_output_logits, generator=generator)  # [b]
     first_logprobs = utils.logprobs_from_logits(logits=first_output_logits, labels=first_outputs)  # [b]
 
     # Preallocated outputs (the original concatenated onto them every step).
@@ -61,7 +64,8 @@ def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_
             logits = utils.take_top_k_logits(logits, top_k)
         if top_p != 1.0:
             logits = utils.take_top_p_logits(logits, top_p)
-        next_sample = utils.sample_from_logits(logits, generator=generator)  # [b, 1]
+        next_sample, next_has_finite = utils.sample_from_logits_unchecked(logits, generator=generator)  # [b, 1]
+        has_finite &= next_has_finite[:, 0]
         next_logprob = utils.logprobs_from_logits(logits=logits, labels=next_sample)  # [b, 1]
         past = next_outputs['presents']
         tokens[:, n] = next_sample[:, 0]
@@ -69,4 +73,5 @@ def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_
         for k in extra_outputs:
             extras[k][:, i] = next_outputs[k][:, 0]
 
+    utils.check_rows_have_finite_logits(has_finite)
     return dict(tokens=tokens, presents=past, logprobs=logprobs, **extras)

@@ -10,8 +10,9 @@ state* here, from their one save function, and pick it up again when the same co
                                                  `extra.<key>` for tensors among the trainer's extras
     <dir>/train_state/state-<step>.json          everything else (step, the trainer's scalar extras such
                                                  as the KL coefficient, optimizer param groups, how many
-                                                 batches each query sampler has drawn, the RNG states
-                                                 of every rank), the sha256 of the .safetensors file
+                                                 batches each query sampler has drawn, the random
+                                                 streams of every rank and of the processes), the
+                                                 sha256 of the .safetensors file
                                                  and a sha256 of the JSON itself
 
 The .json is written last and is the commit marker: a step whose .json is absent does not exist. Both
@@ -31,7 +32,6 @@ import base64
 import hashlib
 import json
 import os
-import random
 import re
 import warnings
 from dataclasses import dataclass
@@ -39,13 +39,12 @@ from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from lm_human_preferences.utils import core
+from lm_human_preferences.utils import core, ranks
 from lm_human_preferences.utils.gcs import atomic_write, fsync_dir, refuse_pickle
 
 TRAIN_STATE_SUBDIR = 'train_state'
-FORMAT = 'lm_human_preferences train state v1'
+FORMAT = 'lm_human_preferences train state v2'
 _STATE_RE = re.compile(r'state-(\d+)\.json')
 _TMP_RE = re.compile(r'.*\.tmp-\d+')
 
@@ -110,64 +109,79 @@ def _from_b64(s):
     return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
 
 
-def _rng_state(generators):
-    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
-    version, internal, gauss_next = random.getstate()
+def _rng_to_json(state):
+    """utils/ranks.py's random streams as JSON."""
+    name, keys, pos, has_gauss, cached_gaussian = state['numpy']
+    version, internal, gauss_next = state['python']
     return dict(
-        torch=_b64(torch.get_rng_state()),
-        cuda=_b64(torch.cuda.get_rng_state()) if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
+        torch=_b64(state['torch']),
+        cuda=_b64(state['cuda']) if state['cuda'] is not None else None,
         numpy=[name, keys.tolist(), int(pos), int(has_gauss), float(cached_gaussian)],
         python=[version, list(internal), gauss_next],
-        generators={k: _b64(g.get_state()) for k, g in generators.items()},
     )
 
 
-def _set_rng_state(state, generators, *, source):
-    torch.set_rng_state(_from_b64(state['torch']))
-    if state['cuda'] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(_from_b64(state['cuda']))
+def _rng_from_json(state):
     name, keys, pos, has_gauss, cached_gaussian = state['numpy']
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
     version, internal, gauss_next = state['python']
-    random.setstate((version, tuple(internal), gauss_next))
-    if set(state['generators']) != set(generators):
-        raise CheckpointError(f'{source} has RNG states of generators {sorted(state["generators"])}, but this '
-                              f'run uses {sorted(generators)}')
-    for k, g in generators.items():
-        g.set_state(_from_b64(state['generators'][k]))
+    return dict(
+        torch=_from_b64(state['torch']),
+        cuda=_from_b64(state['cuda']) if state['cuda'] is not None else None,
+        numpy=(name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian),
+        python=(version, tuple(internal), gauss_next),
+    )
 
 
-def _gather_to_root(obj):
-    """[obj of rank 0, obj of rank 1, ...] on rank 0, None elsewhere (collective)."""
-    if core.get_world_size() == 1:
-        return [obj]
-    gathered = [None] * core.get_world_size() if core.is_root() else None
-    dist.gather_object(obj, gathered, dst=0)
-    return gathered
+def _local_rng_states():
+    """JSON of this process's own random streams and of each of its ranks' (None where set_mpi_seed has not
+    seeded them: they share the process's)."""
+    rank_states = ranks.rank_rng_states()
+    return _rng_to_json(ranks.get_rng_state()), [
+        _rng_to_json(rank_states[r]) if r in rank_states else None for r in ranks.local_ranks()]
+
+
+def _set_rng_states(process_state, all_rank_states):
+    ranks.set_rng_state(_rng_from_json(process_state))
+    ranks.set_rank_rng_states({r: _rng_from_json(all_rank_states[r]) for r in ranks.local_ranks()
+                               if all_rank_states[r] is not None})
 
 
 # ---------------------------------------------------------------------------------------------------
 # Data position
 
 class CountingSampler:
-    """Wraps a query sampler (a function returning the next batch) and counts the batches it has drawn,
-    so that a resumed run can skip to the same place in the query stream (the stream is deterministic
-    given its seed, but its sampler has no way to seek: we draw and drop the batches already used)."""
+    """Wraps a query sampler (a function returning the next batch of the calling rank's queries) and counts
+    the batches each rank has drawn, so that a resumed run can skip to the same place in every rank's query
+    stream (a stream is deterministic given its seed, but its sampler has no way to seek: we draw and drop
+    the batches already used). Every rank draws as many batches as every other."""
 
     def __init__(self, sampler):
         self.sampler = sampler
-        self.batches_drawn = 0
+        self.drawn = {}  # rank -> batches drawn
 
     def __call__(self):
         batch = self.sampler()
-        self.batches_drawn += 1
+        rank = core.get_rank()
+        self.drawn[rank] = self.drawn.get(rank, 0) + 1
         return batch
 
+    @property
+    def batches_drawn(self):
+        """Batches drawn by each of this process's ranks (the same number for all)."""
+        counts = {self.drawn.get(r, 0) for r in ranks.local_ranks()}
+        if len(counts) != 1:
+            raise CheckpointError(f'the ranks of this process drew different numbers of query batches: {self.drawn}')
+        return counts.pop()
+
     def skip_to(self, batches_drawn):
-        if batches_drawn < self.batches_drawn:
-            raise CheckpointError(f'cannot rewind a query sampler from batch {self.batches_drawn} to {batches_drawn}')
-        while self.batches_drawn < batches_drawn:
-            self()
+        """Draw (in each rank's section) until every rank of this process has drawn batches_drawn batches."""
+        def skip():
+            rank = core.get_rank()
+            if batches_drawn < self.drawn.get(rank, 0):
+                raise CheckpointError(f'cannot rewind a query sampler from batch {self.drawn[rank]} to {batches_drawn}')
+            while self.drawn.get(rank, 0) < batches_drawn:
+                self()
+        ranks.for_each_rank(skip)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -203,23 +217,22 @@ def _tensor_state(modules, optimizer, extra):
 
 
 def save_train_state(save_dir, step, *, modules: Dict[str, torch.nn.Module], optimizer, extra: Optional[dict] = None,
-                     samplers: Optional[Dict[str, CountingSampler]] = None,
-                     generators: Optional[Dict[str, torch.Generator]] = None, keep=3,
+                     samplers: Optional[Dict[str, CountingSampler]] = None, keep=3,
                      save_model: Optional[Callable[[], Any]] = None):
     """Save the full training state after `step` steps into <save_dir>/train_state (see the module doc).
 
-    Collective: every rank calls it (each rank's RNG states are gathered to rank 0); only rank 0 writes.
-    extra: the trainer's own state, JSON-able values plus torch / numpy arrays. Modules and the optimizer
-    must be the same on every rank (they are: gradients are averaged). save_model: called on rank 0
-    before the state is written (the trainers write their model checkpoint with it, so a state never
-    exists without the checkpoint of its step). On a failed write (e.g. a full disk) every rank raises
-    CheckpointWriteError naming the file and errno; earlier states and checkpoints stay intact.
-    Returns the path of the .json on rank 0, None elsewhere.
+    Collective over processes, outside the rank sections: every rank's random streams are gathered to
+    process 0, which alone writes. extra: the trainer's own state, JSON-able values plus torch / numpy
+    arrays. Modules and the optimizer are the same for every rank (gradients are averaged). save_model:
+    called on process 0 before the state is written (the trainers write their model checkpoint with it,
+    so a state never exists without the checkpoint of its step). On a failed write (e.g. a full disk)
+    every process raises CheckpointWriteError naming the file and errno; earlier states and checkpoints
+    stay intact. Returns the path of the .json on process 0, None elsewhere.
     """
     extra = dict(extra or {})
     samplers = dict(samplers or {})
-    generators = dict(generators or {})
-    rng_states = _gather_to_root(_rng_state(generators))
+    process_rng, local_rank_rngs = _local_rng_states()
+    rank_rngs = core.gather_ranks_to_root(local_rank_rngs)
     error = root_error = sidecar_path = None
     if core.is_root():
         try:
@@ -233,7 +246,8 @@ def save_train_state(save_dir, step, *, modules: Dict[str, torch.nn.Module], opt
                 world_size=core.get_world_size(),
                 modules=sorted(modules),
                 samplers={k: s.batches_drawn for k, s in samplers.items()},
-                rng=rng_states,
+                # The ranks' streams, and the process's own (the same in every process).
+                rng=dict(ranks=rank_rngs, process=process_rng),
             ), keep=keep)
         except Exception as e:
             root_error, error = e, (str(e), getattr(e, 'errno', None))
@@ -385,19 +399,18 @@ def _check_keys(source, what, loaded: dict, expected: dict):
 
 
 def load_latest_train_state(save_dir, *, modules: Dict[str, torch.nn.Module], optimizer,
-                            samplers: Optional[Dict[str, CountingSampler]] = None,
-                            generators: Optional[Dict[str, torch.Generator]] = None) -> Optional[TrainState]:
+                            samplers: Optional[Dict[str, CountingSampler]] = None) -> Optional[TrainState]:
     """Restore the newest valid training state of save_dir into modules, optimizer, samplers (replayed to
-    their saved positions) and RNGs (each rank its own, last); None when save_dir has none.
+    their saved positions) and random streams (each rank its own, last); None when save_dir has none.
 
-    Collective: rank 0 picks the state (verifying checksums, warning about skipped ones) and tells the
-    others, which then read the same files (the save dir must be visible to every rank, as it already is
-    for the reward model that train_policy loads).
+    Collective over processes, outside the rank sections: process 0 picks the state (verifying
+    checksums, warning about skipped ones) and tells the others, which then read the same files (the
+    save dir must be visible to every process, as it already is for the reward model that train_policy
+    loads). The state holds every rank's streams, so it resumes under any number of processes.
     """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     samplers = dict(samplers or {})
-    generators = dict(generators or {})
     chosen = None
     if core.is_root() and save_dir:
         try:
@@ -455,7 +468,7 @@ def load_latest_train_state(save_dir, *, modules: Dict[str, torch.nn.Module], op
                               f'this run uses {sorted(samplers)}')
     for k, sampler in samplers.items():
         sampler.skip_to(sidecar['samplers'][k])
-    _set_rng_state(sidecar['rng'][core.get_rank()], generators, source=source)
+    _set_rng_states(sidecar['rng']['process'], sidecar['rng']['ranks'])
     return TrainState(step=step, extra=extra, path=source)
 
 
@@ -546,6 +559,14 @@ def grad_norm(params):
     if not norms:
         return torch.zeros(())
     return torch.linalg.vector_norm(torch.stack(norms))
+
+
+def per_rank(name, values):
+    """{name: value} for check_finite from one value per rank this process carries, each named for its
+    rank where there are several ranks ('loss of rank 3')."""
+    if core.get_world_size() == 1:
+        return {name: values[0]}
+    return {f'{name} of rank {r}': v for r, v in zip(core.local_ranks(), values)}
 
 
 def check_finite(step, **metrics):

@@ -2,10 +2,11 @@
 
 What replaced the original's TF1 graph machinery (details in PORTING.md):
 - `graph_function` / placeholders / `tf.Session`: gone; functions are called eagerly with tensors.
-- `mpi_session` / `variables_on_gpu` / `gpu_devices`: `get_device()` (one GPU per rank, by LOCAL_RANK).
-- MPI (`MPI.COMM_WORLD`, horovod): the default torch.distributed process group. Every function works
-  without an initialised group too (a single process), like the original with one MPI rank.
-- `variable_synchronizer`: `sync_params`; the gradient all-reduce inside `minimize`: `average_gradients`;
+- `mpi_session` / `variables_on_gpu` / `gpu_devices`: `get_device()` (one GPU per process, by LOCAL_RANK).
+- MPI (`MPI.COMM_WORLD`, horovod): the default torch.distributed process group, whose processes carry
+  the MPI ranks, one or several each (utils/ranks.py). Every function works without an initialised
+  group too (a single process), like the original with one MPI rank.
+- `variable_synchronizer`: `sync_params`; the gradient all-reduce inside `minimize`: `RankGradients`;
   `tf.train.AdamOptimizer(epsilon=1e-5)`: `AdamTF`.
 - `where` (scalar broadcasting), `shape_list`, `map_flat_bits`, `add_batch_dim`, `mpi_read_file`,
   `SampleBuffer.write/write_add` are not ported: torch does these natively or nothing uses them.
@@ -15,7 +16,6 @@ import collections.abc
 import json
 import math
 import os
-import random
 import sys
 import types
 from dataclasses import dataclass
@@ -24,6 +24,8 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from lm_human_preferences.utils import ranks
 
 
 def exact_div(a, b):
@@ -189,19 +191,34 @@ def sample_from_logits(logits, generator=None):
     samples the same distribution but draws one exponential variate per logit: after the matmuls, it
     was the largest cost of a sampling step (15 ms of [16, 50257] logits on 2 cores, against 1.3 ms).
     """
+    samples, has_finite = sample_from_logits_unchecked(logits, generator)
+    check_rows_have_finite_logits(has_finite)
+    return samples
+
+
+def sample_from_logits_unchecked(logits, generator=None):
+    """sample_from_logits without its check, which reads a value on the host: (samples, has_finite), where
+    has_finite [rows...] says which rows had a finite logit (the others got an arbitrary sample). A decoding
+    loop keeps the device busy and checks once after its last step (language/sample.py)."""
     flat_logits = logits.reshape(-1, logits.shape[-1]).float()  # [rows, n]
     finite = torch.isfinite(flat_logits)
     max_logit = torch.where(finite, flat_logits, -math.inf).amax(dim=-1, keepdim=True)
     weights = torch.where(finite, torch.exp(flat_logits - max_logit), 0.0)
     cdf = torch.cumsum(weights.double(), dim=-1)  # [rows, n], not normalized
     total = cdf[:, -1:]
-    if not bool((total > 0).all()):  # no finite logit in a row (NaN weights): TF would return index n
-        rows = torch.nonzero(~(total[:, 0] > 0)).flatten().tolist()
-        raise FloatingPointError(f'sample_from_logits: rows {rows[:10]} have no finite logits')
     uniform = torch.rand(total.shape, dtype=torch.float64, device=cdf.device, generator=generator)
     flat_samples = torch.searchsorted(cdf, uniform * total, right=True)
     # uniform * total rounds up to total with probability ~2^-53: stay inside the vocabulary.
-    return flat_samples.clamp_max_(cdf.shape[-1] - 1).reshape(logits.shape[:-1])
+    samples = flat_samples.clamp_max_(cdf.shape[-1] - 1).reshape(logits.shape[:-1])
+    return samples, (total[:, 0] > 0).reshape(logits.shape[:-1])
+
+
+def check_rows_have_finite_logits(has_finite):
+    """FloatingPointError naming the rows of sample_from_logits_unchecked's has_finite that had no finite
+    logit (TF would have returned the out-of-vocabulary index n for them)."""
+    if not bool(has_finite.all()):
+        rows = torch.nonzero(~has_finite.reshape(-1)).flatten().tolist()
+        raise FloatingPointError(f'sample_from_logits: rows {rows[:10]} have no finite logits')
 
 
 def take_top_k_logits(logits, k):
@@ -245,32 +262,49 @@ def pearson_r(x, y):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Distributed: torch.distributed replaces MPI. With no initialised process group we behave as a single
-# MPI rank (world size 1) so the trainers and tests run unchanged in one process.
-
-def _dist_on():
-    return dist.is_available() and dist.is_initialized()
-
+# Distributed: torch.distributed replaces MPI, and a rank is not a process (utils/ranks.py): the
+# `--mpi N` ranks are carried by the processes of the group, N / P each, one after another. With no
+# process group and no layout a process is one MPI rank (world size 1), so the trainers and tests run
+# unchanged in one process.
+#
+# Two kinds of collectives: the original's reductions over *ranks* (mpi_allreduce_sum / _mean) take the
+# list of this process's ranks' values; the rest (mpi_bcast, sync_params, all_gather_ranks) are over
+# *processes*, called once per process outside the rank sections (every rank of a process holds the
+# same models, so nothing per rank is lost); RankGradients averages the ranks' gradients.
 
 def get_rank():
-    return dist.get_rank() if _dist_on() else 0
+    """The rank whose section is running (utils/ranks.py); outside the sections, this process's first."""
+    return ranks.current_rank()
 
 
 def get_world_size():
-    return dist.get_world_size() if _dist_on() else 1
+    """The number of ranks (the original's MPI world size), whichever number of processes carries them."""
+    return ranks.world_size()
 
 
 def is_root():
     return get_rank() == 0
 
 
+def local_ranks():
+    """Ours: the ranks this process carries (utils/ranks.py), in order."""
+    return ranks.local_ranks()
+
+
+def for_each_rank(fn):
+    """Ours: [fn() in rank r's section for each rank r this process carries], one after another: there
+    get_rank() is r and the global random streams are r's (utils/ranks.py)."""
+    return ranks.for_each_rank(fn)
+
+
 def get_local_rank():
-    """Rank on this machine (set by launch.py / torchrun); the original derived it from MPI host names."""
+    """This process's index on its machine (set by launch.py / torchrun); the original derived it from
+    MPI host names."""
     return int(os.environ.get('LOCAL_RANK', '0'))
 
 
 def get_device():
-    """One GPU per rank, like the original's _our_gpu(); CPU when there is no GPU."""
+    """One GPU per process, like the original's _our_gpu() (one per rank there); CPU when there is none."""
     if torch.cuda.is_available():
         return torch.device('cuda', get_local_rank() % torch.cuda.device_count())
     return torch.device('cpu')
@@ -284,13 +318,13 @@ def _comm_device():
 
 
 def set_mpi_seed(seed: Optional[int]):
-    """Seed torch, numpy and random with seed + rank * 100003, as the original; None leaves them unseeded."""
-    if seed is None:
-        return
-    seed = seed + get_rank() * 100003  # Prime (kept for backwards compatibility even though it does nothing)
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+    """Seed each rank's torch, numpy and random streams with seed + rank * 100003, as the original (None:
+    fresh entropy); ours: the process's own streams, used outside the rank sections, with seed."""
+    ranks.seed(seed)
+
+
+def _processes_on():
+    return ranks.num_processes() > 1
 
 
 def _allreduce_tensor_sum(t):
@@ -304,43 +338,85 @@ def _allreduce_tensor_sum(t):
     return buf.to(device=t.device, dtype=t.dtype)
 
 
-def mpi_allreduce_sum(values):
-    """Sum over ranks. Takes a tensor, numpy array or python number and returns the same kind."""
-    if get_world_size() == 1:
-        return values
-    if isinstance(values, torch.Tensor):
-        return _allreduce_tensor_sum(values)
-    if isinstance(values, np.ndarray) or isinstance(values, np.generic):
-        arr = np.asarray(values)
+def _processes_sum(value):
+    """Sum over processes of a tensor, numpy array or python number; the same kind back."""
+    if not _processes_on():
+        return value
+    if isinstance(value, torch.Tensor):
+        return _allreduce_tensor_sum(value)
+    if isinstance(value, np.ndarray) or isinstance(value, np.generic):
+        arr = np.asarray(value)
         out = _allreduce_tensor_sum(torch.from_numpy(np.ascontiguousarray(arr))).numpy()
-        return out if isinstance(values, np.ndarray) else out[()]
-    if isinstance(values, (int, float)) and not isinstance(values, bool):
-        out = _allreduce_tensor_sum(torch.tensor(values, dtype=torch.float64 if isinstance(values, float) else torch.int64))
-        return type(values)(out.item())
-    raise TypeError(f'mpi_allreduce_sum: unsupported value of type {type(values).__name__}')
+        return out if isinstance(value, np.ndarray) else out[()]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        out = _allreduce_tensor_sum(torch.tensor(value, dtype=torch.float64 if isinstance(value, float) else torch.int64))
+        return type(value)(out.item())
+    raise TypeError(f'mpi_allreduce_sum: unsupported value of type {type(value).__name__}')
+
+
+def mpi_allreduce_sum(values):
+    """The sum over all ranks of a value each rank computed (a tensor, numpy array or python number).
+
+    values: the list of the values of this process's ranks, in local_ranks() order (one value where a
+    process is a rank). Collective over processes; returns the same kind as the values.
+    """
+    ranks.refuse_in_section('mpi_allreduce_sum')
+    if not isinstance(values, (list, tuple)) or len(values) != len(ranks.local_ranks()):
+        raise TypeError(f'mpi_allreduce_sum takes the list of the values of this process\'s '
+                        f'{len(ranks.local_ranks())} ranks, got {type(values).__name__}'
+                        + (f' of {len(values)}' if isinstance(values, (list, tuple)) else ''))
+    total = values[0]
+    for v in values[1:]:
+        total = total + v
+    return _processes_sum(total)
 
 
 def mpi_allreduce_mean(values):
+    """The mean over all ranks; values as in mpi_allreduce_sum."""
+    total = mpi_allreduce_sum(values)
     scale = 1 / get_world_size()
-    values = mpi_allreduce_sum(values)
-    return values if scale == 1 else values * scale
+    return total if scale == 1 else total * scale
 
 
 def mpi_bcast(value, root=0):
-    """Broadcast value from root to the other ranks.
+    """Broadcast value from process `root` (process 0 carries rank 0) to the other processes.
 
-    A tensor is broadcast in place of an equally shaped tensor on every rank (as the original, whose
+    A tensor is broadcast in place of an equally shaped tensor on every process (as the original, whose
     tensors had static shapes); anything else (numpy arrays, python objects) is pickled.
     """
-    if get_world_size() == 1:
+    ranks.refuse_in_section('mpi_bcast')
+    if not _processes_on():
         return value
     if isinstance(value, torch.Tensor):
         buf = value.detach().to(_comm_device()).clone()
         dist.broadcast(buf, src=root)
         return buf.to(value.device)
-    obj = [value if get_rank() == root else None]
+    obj = [value if ranks.process_index() == root else None]
     dist.broadcast_object_list(obj, src=root, device=_comm_device())
     return obj[0]
+
+
+def all_gather_ranks(values):
+    """Ours: [the value of rank 0, of rank 1, ...] on every process, from the list of this process's
+    ranks' values (picklable objects). Collective over processes."""
+    ranks.refuse_in_section('all_gather_ranks')
+    values = list(values)
+    if not _processes_on():
+        return values
+    gathered = [None] * ranks.num_processes()
+    dist.all_gather_object(gathered, values)
+    return [v for process_values in gathered for v in process_values]
+
+
+def gather_ranks_to_root(values):
+    """Ours: as all_gather_ranks, but only process 0 gets the list (None elsewhere)."""
+    ranks.refuse_in_section('gather_ranks_to_root')
+    values = list(values)
+    if not _processes_on():
+        return values
+    gathered = [None] * ranks.num_processes() if ranks.process_index() == 0 else None
+    dist.gather_object(values, gathered, dst=0)
+    return None if gathered is None else [v for process_values in gathered for v in process_values]
 
 
 def chunk_tensors(tensors, *, limit=1 << 28):
@@ -376,11 +452,12 @@ def _module_tensors(params):
 
 @torch.no_grad()
 def sync_params(params, root=0):
-    """Copy params (an nn.Module or a list of tensors) from the root to the other ranks.
+    """Copy params (an nn.Module or a list of tensors) from process `root` to the other processes.
 
     Replaces the original's variable_synchronizer; chunked, one broadcast per chunk.
     """
-    if get_world_size() == 1:
+    ranks.refuse_in_section('sync_params')
+    if not _processes_on():
         return
     tensors = _module_tensors(params)
     for batch in chunk_tensors(tensors):
@@ -389,17 +466,83 @@ def sync_params(params, root=0):
             t.copy_(v)
 
 
-@torch.no_grad()
-def average_gradients(params):
-    """All-reduce-mean the .grad of params over ranks, coalesced into chunks (the MPI part of the original's
-    `minimize`). Params whose .grad is None are skipped, as the original dropped None gradients."""
-    if get_world_size() == 1:
-        return
-    grads = [p.grad for p in _module_tensors(params) if p.grad is not None]
-    for batch in chunk_tensors(grads, limit=1 << 29):
-        values = map_flat(mpi_allreduce_mean, batch)
-        for g, v in zip(batch, values):
-            g.copy_(v)
+class RankGradients:
+    """The MPI part of the original's `minimize` for ranks that take turns: .grad becomes the mean over
+    all ranks of their gradients.
+
+    Each rank this process carries computes its loss and back-propagates it into .grad, then calls
+    add_rank(), which moves .grad into a float64 sum; average() sums that over processes and sets .grad
+    to the mean (fp32). A sum of a few fp32 gradients is exact in float64, so the mean does not depend on
+    the order of the sums, that is on how the ranks are spread over processes (with fp32 sums a rank count
+    of 4 in 1, 2 or 4 processes ended 1e-5 apart after a few Adam steps). Params whose .grad stays None on
+    every rank keep None, as the original dropped None gradients. A process carrying one rank keeps .grad
+    where it is (average() reduces it in chunks); with one rank in all nothing is copied.
+    """
+
+    def __init__(self, params):
+        self.params = list(params)
+        self.sums = None  # float64, like params; kept between minibatches
+        self.has_grad = [False] * len(self.params)
+
+    @torch.no_grad()
+    def add_rank(self):
+        ranks.refuse_in_section('RankGradients.add_rank')  # every rank's gradient is added, by the process
+        if len(ranks.local_ranks()) == 1:
+            return
+        if self.sums is None:
+            self.sums = [torch.zeros_like(p, dtype=torch.float64) for p in self.params]
+        for i, p in enumerate(self.params):
+            if p.grad is not None:
+                self.sums[i].add_(p.grad)
+                self.has_grad[i] = True
+                p.grad = None
+
+    @torch.no_grad()
+    def average(self):
+        """Set .grad to the mean over all ranks (collective over processes), ready for the next batch."""
+        ranks.refuse_in_section('RankGradients.average')
+        scale = 1 / get_world_size()
+        if scale == 1:
+            return
+        if self.sums is None:  # one rank per process: its .grad is its gradient
+            self.has_grad = [p.grad is not None for p in self.params]
+            sums = [p.grad for p in self.params]
+        else:
+            sums = self.sums
+        # Sums over processes, one chunk at a time, in float64.
+        chunks = chunk_tensors([t for t, has in zip(sums, self.has_grad) if has], limit=1 << 28)
+        for chunk in chunks:
+            values = map_flat(lambda flat: _processes_sum(flat.double()) * scale, chunk)
+            for t, v in zip(chunk, values):
+                t.copy_(v)
+        for i, p in enumerate(self.params):
+            if self.sums is not None:
+                p.grad = self.sums[i].float() if self.has_grad[i] else None
+                self.sums[i].zero_()
+        self.has_grad = [False] * len(self.params)
+
+
+def microbatches(n, size):
+    """Ours: slices [0, size), [size, 2 size), ... covering range(n), the pieces of a batch of n rows that
+    a model pass of at most `size` rows takes one after another (run.microbatch_size); None: one piece."""
+    if size is None or size >= n:
+        return [slice(0, n)]
+    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
+
+
+def cat_pieces(pieces):
+    """torch.cat of a list of tensors, or of dicts of tensors key by key; a single piece as it is."""
+    if len(pieces) == 1:
+        return pieces[0]
+    if isinstance(pieces[0], dict):
+        return {k: torch.cat([p[k] for p in pieces]) for k in pieces[0]}
+    return torch.cat(pieces)
+
+
+def microbatched(fn, size, *tensors):
+    """Ours: fn(*tensors) computed on microbatches of at most `size` rows (microbatches) and concatenated;
+    fn returns a tensor or a dict of tensors, rows first."""
+    return cat_pieces([fn(*(t[piece] for t in tensors)) for piece in microbatches(len(tensors[0]), size)])
 
 
 _ADAM_CHUNK = 1 << 18  # values per AdamTF chunk: 1 MiB of fp32, a few of which fit in L2/L3 cache
@@ -547,16 +690,10 @@ def _to_float(v):
 
 
 def record_stats(*, stats, summary_writer, step, log_interval, jsonl_path=None):
-    """Average stats (dict of name -> scalar) over ranks, then on rank 0: print a table every
-    log_interval steps, write every step to TensorBoard and append `{"step": step, **stats}` to jsonl_path.
-
-    Collective: call it on every rank (the original's caller averaged with FlatStats first; averaging
-    again is harmless since the values are then equal on all ranks). Returns the averaged dict of floats.
-    """
-    keys = list(stats.keys())
-    flat = torch.tensor([_to_float(stats[k]) for k in keys], dtype=torch.float64)
-    flat = mpi_allreduce_mean(flat)
-    means = {k: v for k, v in safe_zip(keys, flat.tolist())}
+    """Log stats (dict of name -> scalar, already averaged over ranks) on the process that carries rank 0:
+    print a table every log_interval steps, write every step to TensorBoard and append
+    `{"step": step, **stats}` to jsonl_path. Returns the dict of floats (on every process)."""
+    means = {k: _to_float(v) for k, v in stats.items()}
     step = int(step)
     if not is_root():
         return means

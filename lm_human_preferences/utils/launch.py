@@ -1,9 +1,11 @@
 """Launching trials in a group of worker processes (port of the original utils/launch.py).
 
-The original pickled the trial function with cloudpickle and ran it under `mpiexec -n <mpi>`, with a
-`fire` command line. We start the workers with torch.multiprocessing.spawn and join them in a
-torch.distributed process group (gloo on CPU, NCCL with one GPU per rank); under torchrun we join the
-group torchrun describes instead. The command line is parsed by `main` below (no `fire`).
+The original pickled the trial function with cloudpickle and ran it under `mpiexec -n <mpi>`, one MPI
+rank per process, with a `fire` command line. Here the `mpi` ranks are carried by `procs` processes,
+mpi / procs each, run one after another (utils/ranks.py): one process can run the paper's 8 ranks. We
+start the workers with torch.multiprocessing.spawn and join them in a torch.distributed process group
+(gloo on CPU, NCCL with one GPU per process); under torchrun we join the group torchrun describes
+instead, whose processes carry the ranks. The command line is parsed by `main` below (no `fire`).
 """
 
 import ctypes
@@ -17,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lm_human_preferences.utils import gcs, hyperparams
+from lm_human_preferences.utils import gcs, hyperparams, ranks
 
 
 class ConfigError(Exception):
@@ -35,13 +37,15 @@ def _backend():
     return os.environ.get('LMHP_DIST_BACKEND') or ('nccl' if torch.cuda.is_available() else 'gloo')
 
 
-def _run_in_group(f):
-    """Join the process group described by the env (RANK, WORLD_SIZE, MASTER_ADDR/PORT, LOCAL_RANK), run f."""
+def _run_in_group(f, mpi):
+    """Join the process group described by the env (RANK, WORLD_SIZE, MASTER_ADDR/PORT, LOCAL_RANK), run f
+    as this process's share of the `mpi` ranks."""
     backend = _backend()
     if backend == 'nccl':
         torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', '0')))
     dist.init_process_group(backend=backend)
-    f()
+    with ranks.carry(mpi):
+        f()
     # Only on success: after a failure a peer may be stuck in a collective, and tearing the group down
     # could block; the parent kills the workers instead. The barrier first: a rank that tore down its
     # connections while a peer still finished its last collective made gloo abort that peer (SIGABRT).
@@ -71,43 +75,81 @@ def reuse_freed_memory():
     return bool(mallopt(M_MMAP_THRESHOLD, 1 << 30)) and bool(mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
 
 
-def _worker(local_rank, world_size, port, f):
+def _worker(local_rank, world_size, port, f, mpi):
     os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(local_rank),
                       LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
     # Share the cores between the workers (as torchrun does with OMP_NUM_THREADS): N workers each running
     # torch's default of one thread per core spin-wait against each other, many times slower on a CPU.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     reuse_freed_memory()
-    _run_in_group(f)
+    _run_in_group(f, mpi)
 
 
-def launch(name, f, *, mpi=1) -> None:
-    """Run f() in `mpi` processes joined in a torch.distributed group (the original: `mpiexec -n mpi`).
-
-    mpi=1 runs f in this process with no group. Under torchrun (WORLD_SIZE set) f runs in this process
-    inside torchrun's group. If a worker raises, the others are killed and a
-    torch.multiprocessing.ProcessRaisedException carrying the worker's traceback is raised here.
-    """
-    reuse_freed_memory()  # in this process (mpi=1, torchrun); spawned workers call it themselves
+def default_procs(mpi):
+    """The processes that carry `mpi` ranks by default: under torchrun, its processes; on CUDA, one per
+    visible GPU, at most mpi and a divisor of it; on a CPU, one (more processes than cores only add
+    contention, and one process runs every rank's math as the original's ranks would)."""
     if 'WORLD_SIZE' in os.environ:
+        return int(os.environ['WORLD_SIZE'])
+    if not torch.cuda.is_available():
+        return 1
+    gpus = torch.cuda.device_count()
+    return max(p for p in range(1, min(mpi, gpus) + 1) if mpi % p == 0)
+
+
+def check_ranks(name, mpi, procs):
+    """One-line ConfigErrors for rank and process counts that cannot work (before anything starts)."""
+    if mpi < 1:
+        raise ConfigError(f'{name}: --mpi {mpi}: the number of ranks must be at least 1')
+    if procs < 1:
+        raise ConfigError(f'{name}: --procs {procs}: the number of processes must be at least 1')
+    if mpi % procs:
+        divisors = [p for p in range(1, mpi + 1) if mpi % p == 0]
+        raise ConfigError(f'{name}: --procs {procs} must divide --mpi {mpi} (each process carries the same '
+                          f'number of ranks): choose --procs from {divisors}')
+    if 'WORLD_SIZE' not in os.environ and procs > 1 and _backend() == 'nccl' and procs > torch.cuda.device_count():
+        raise ConfigError(f'{name}: --procs {procs} needs one GPU per process, but only '
+                          f'{torch.cuda.device_count()} GPUs are visible (fewer processes carry more ranks each)')
+
+
+def launch(name, f, *, mpi=1, procs=None) -> None:
+    """Run f() as `mpi` ranks (the original: `mpiexec -n mpi`) carried by `procs` processes joined in a
+    torch.distributed group, mpi / procs ranks each (utils/ranks.py); procs None: default_procs(mpi).
+
+    procs=1 runs f in this process with no group. Under torchrun (WORLD_SIZE set) f runs in this process
+    inside torchrun's group, whose processes carry the ranks. If a worker raises, the others are killed
+    and a torch.multiprocessing.ProcessRaisedException carrying the worker's traceback is raised here.
+    """
+    if procs is None:
+        procs = default_procs(mpi)
+    reuse_freed_memory()  # in this process (procs=1, torchrun); spawned workers call it themselves
+    if 'WORLD_SIZE' in os.environ:
+        if procs != int(os.environ['WORLD_SIZE']):
+            raise ConfigError(f'{name}: --procs {procs}, but torchrun started {os.environ["WORLD_SIZE"]} processes')
+        check_ranks(name, mpi, procs)
         if dist.is_initialized():
-            f()
+            with ranks.carry(mpi):
+                f()
         else:
-            _run_in_group(f)
+            _run_in_group(f, mpi)
         return
-    if mpi == 1:
-        f()
+    check_ranks(name, mpi, procs)
+    if procs == 1:
+        with ranks.carry(mpi):
+            f()
         return
-    if _backend() == 'nccl' and mpi > torch.cuda.device_count():
-        raise ConfigError(f'{name}: --mpi {mpi} needs one GPU per process, but only '
-                          f'{torch.cuda.device_count()} GPUs are visible')
     # spawn (not fork): each worker starts a fresh interpreter, safe with CUDA and threads.
-    mp.spawn(_worker, args=(mpi, _free_port(), f), nprocs=mpi, join=True)
+    mp.spawn(_worker, args=(procs, _free_port(), f, mpi), nprocs=procs, join=True)
 
 
-def launch_trials(name, fn, trials, hparam_class, extra_hparams=None, dry_run=False, mpi=1, save_dir=None):
+def launch_trials(name, fn, trials, hparam_class, extra_hparams=None, dry_run=False, mpi=1, procs=None,
+                  save_dir=None):
     """Build each trial's hparams (bindings, then the command line's extra hparams), validate, and run
-    fn(hparams) in `mpi` processes per trial. With dry_run, print the resolved hparams instead."""
+    fn(hparams) as `mpi` ranks in `procs` processes per trial (see launch). With dry_run, print the
+    resolved hparams instead."""
+    if procs is None:
+        procs = default_procs(mpi)
+    check_ranks(name, mpi, procs)
     jobs = []
     for trial in trials:
         descriptors = []
@@ -136,7 +178,7 @@ def launch_trials(name, fn, trials, hparam_class, extra_hparams=None, dry_run=Fa
             print(f'{job_name}: {kwargs}')
             hyperparams.dump(hparams)
         else:
-            jobs.append(partial(launch, job_name, partial(fn, hparams), mpi=mpi))
+            jobs.append(partial(launch, job_name, partial(fn, hparams), mpi=mpi, procs=procs))
     # The original ran local jobs one at a time too (it asserted there was only one).
     for job in jobs:
         job()
@@ -175,7 +217,7 @@ def _parse_command_line(argv, params):
 
 def _convert_option(key, value, param):
     """Command options (not hparams) take the type of their default (bool / int / float); None defaults
-    take int for `mpi` and str otherwise."""
+    take int for `mpi` and `procs`, str otherwise."""
     default = param.default
     if isinstance(default, bool):
         if value.lower() in ('t', 'true', '1', 'yes'):
@@ -183,7 +225,7 @@ def _convert_option(key, value, param):
         if value.lower() in ('f', 'false', '0', 'no'):
             return False
         raise ConfigError(f"option --{key}: invalid bool '{value}'")
-    if isinstance(default, int) or (default is None and key == 'mpi'):
+    if isinstance(default, int) or (default is None and key in ('mpi', 'procs')):
         try:
             return int(value)
         except ValueError:

@@ -1,0 +1,205 @@
+"""Ranks independent of processes, and microbatches that change no result (utils/ranks.py).
+
+`--mpi 4` means the original's 4 MPI ranks whichever number of processes carries them: `train_reward test`,
+`train_policy test` and the demo's model for a few PPO batches end with the same weights, Adam state and
+logged stats under `--procs 1`, `2` and `4` (gloo workers on the CPU), and a run resumes under another
+`--procs`. `--run.microbatch_size K` splits every model pass into pieces of at most K sequences: the same
+results (sampled tokens included) up to fp32 rounding. Each comparison first checks that the runs moved
+far beyond the tolerance and that a different rank count does change them, so that it can fail.
+"""
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lm_human_preferences.language import encodings, model, trained_models
+from lm_human_preferences.utils import checkpointing
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+import launch as top_launch  # noqa: E402  (the top-level launch.py)
+
+pytestmark = pytest.mark.slow
+
+TOL = 1e-6
+N_VOCAB, PAD = 27, 27  # the `test` encoding
+NOT_COMPARED = ('elapsed/time', 'elapsed/fps')  # wall clock
+
+
+@pytest.fixture(autouse=True)
+def _workers(monkeypatch):
+    # CPU collectives even on a GPU machine, one intra-op thread per process (as the workers use), so that
+    # the in-process run computes its matmuls as the workers do.
+    monkeypatch.setenv('LMHP_DIST_BACKEND', 'gloo')
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def labels_file(path, n, *, seed=0, query_length=2, response_length=3):
+    """best_of_4 records of random tokens: every label has its own gradient, so it matters which rank
+    trains on which."""
+    rng = np.random.RandomState(seed)
+
+    def tokens(length, min_real):
+        real = rng.randint(min_real, length + 1)
+        return rng.randint(0, N_VOCAB, size=real).tolist() + [PAD] * (length - real)
+    records = [dict(query=tokens(query_length, 1), **{f'sample{i}': tokens(response_length, 0) for i in range(4)},
+                    best=int(rng.randint(4))) for _ in range(n)]
+    path.write_text(json.dumps(records))
+    return str(path)
+
+
+def run(command, exp, save_root, name, *, mpi=4, procs=1, **overrides):
+    launch_fn = dict(train_reward=top_launch.launch_train_reward, train_policy=top_launch.launch_train_policy)[command]
+    launch_fn(exp, name, mpi=mpi, procs=procs, save_dir=str(save_root), **{k: str(v) for k, v in overrides.items()})
+    return save_root / name
+
+
+def newest(directory, prefix):
+    steps = [int(f[len(prefix) + 1:-len('.safetensors')]) for f in os.listdir(directory)
+             if f.startswith(prefix + '-') and f.endswith('.safetensors')]
+    return load_file(str(directory / f'{prefix}-{max(steps)}.safetensors'))
+
+
+def outcome(run_dir, scope):
+    """What a run of `scope` (reward_model or policy) ends with: its model, its Adam state, its stats."""
+    adam = {k: v for k, v in newest(run_dir / scope / 'train_state', 'state').items() if k.startswith('optimizer.')}
+    stats_file = dict(reward_model='train_reward_stats.jsonl', policy='train_policy_stats.jsonl')[scope]
+    stats = [{k: v for k, v in json.loads(line).items() if k not in NOT_COMPARED}
+             for line in (run_dir / stats_file).read_text().splitlines()]
+    return dict(model=newest(run_dir / scope / 'checkpoints', 'model'), adam=adam, stats=stats)
+
+
+def max_diff(a, b, parts=('model', 'adam', 'stats'), *, relative=False):
+    """Largest difference between two outcomes (their models, Adam states and stats): absolute, or
+    relative to the first outcome's value plus 1 (so that values near 0 are compared absolutely)."""
+    def diff(x, y):
+        x, y = torch.as_tensor(x, dtype=torch.float64), torch.as_tensor(y, dtype=torch.float64)
+        return ((x - y).abs() / (x.abs() + 1 if relative else 1)).max().item()
+    diffs = []
+    for part in parts:
+        if part == 'stats':
+            assert [sorted(s) for s in a['stats']] == [sorted(s) for s in b['stats']]
+            diffs += [diff(x[k], y[k]) for x, y in zip(a['stats'], b['stats']) for k in x]
+        else:
+            assert a[part].keys() == b[part].keys()
+            diffs += [diff(a[part][k], b[part][k]) for k in a[part]]
+    return max(diffs)
+
+
+def model_change(a, b):
+    return max((a['model'][k] - b['model'][k]).abs().max().item() for k in a['model'])
+
+
+# ---------------------------------------------------------------------------------------------------
+# The result does not depend on --procs
+
+def test_train_reward_same_for_any_number_of_processes(tmp_path):
+    labels = labels_file(tmp_path / 'labels.json', 40)  # 32 to train on, 8 held out
+    # Normalization before and after: each rank samples its own queries with its own streams.
+    args = dict(**{'labels.source': labels, 'labels.num_train': 32, 'lr': 1e-2, 'normalize_samples': 32,
+                   'debug_normalize': 32, 'run.save_interval': 2})
+    runs = {procs: outcome(run('train_reward', 'test', tmp_path, f'procs{procs}', procs=procs, **args), 'reward_model')
+            for procs in (1, 2, 4)}
+    # The rank count matters: with 2 ranks each normalizes on other samples.
+    two_ranks = outcome(run('train_reward', 'test', tmp_path, 'mpi2', mpi=2, **args), 'reward_model')
+    assert model_change(runs[1], two_ranks) > 1e-4
+    assert max_diff(runs[1], runs[2]) <= TOL
+    assert max_diff(runs[1], runs[4]) <= TOL
+    assert len(runs[1]['stats']) == 4 + 1  # 4 minibatches, then the held-out evaluation
+
+
+def test_train_policy_same_for_any_number_of_processes_and_resumes_under_another(tmp_path):
+    args = {'ppo.lr': 1e-3, 'ppo.total_episodes': 96, 'run.save_interval': 1}  # 3 PPO batches of 32
+    runs = {procs: run('train_policy', 'test', tmp_path, f'procs{procs}', procs=procs, **args) for procs in (1, 2, 4)}
+    policy = {procs: outcome(d, 'policy') for procs, d in runs.items()}
+    assert [s['elapsed/updates'] for s in policy[1]['stats']] == [1, 2, 3]
+    two_ranks = outcome(run('train_policy', 'test', tmp_path, 'mpi2', mpi=2, **{**args, 'ppo.batch_size': 16,
+                                                                                  'ppo.total_episodes': 48}), 'policy')
+    assert model_change(policy[1], two_ranks) > 1e-4
+    for procs in (2, 4):
+        assert max_diff(policy[1], policy[procs]) <= TOL
+        assert max_diff(outcome(runs[1], 'reward_model'), outcome(runs[procs], 'reward_model')) <= TOL
+
+    # A run whose states were written by 4 processes goes on in 1: keep its state after PPO batch 1 only.
+    resumed = tmp_path / 'resumed'
+    shutil.copytree(runs[4], resumed)
+    for step in (2, 3):
+        for path in [resumed / 'policy' / 'train_state' / f'state-{step}.{ext}' for ext in ('json', 'safetensors')] + \
+                [resumed / 'policy' / 'checkpoints' / f'model-{step}.safetensors']:
+            path.unlink()
+    assert checkpointing.train_state_steps(resumed / 'policy') == [1]
+    run('train_policy', 'test', tmp_path, 'resumed', procs=1, **args)
+    assert max_diff(policy[1], outcome(resumed, 'policy')) <= TOL
+
+
+def demo_shaped_model(directory):
+    """A random model of the demo's shape (2 layers, width 128) on its character encoding, as a checkpoint."""
+    torch.manual_seed(0)
+    hparams = model.HParams(n_vocab=encodings.Test.n_vocab, n_ctx=64, n_embd=128, n_head=4, n_layer=2)
+    trained_models.save_checkpoint(str(directory), 0, model.Model(hparams), hparams=hparams, encoding=encodings.Test)
+    return str(directory)
+
+
+def test_demo_model_same_for_any_number_of_processes(tmp_path):
+    """`launch.py train_policy demo` (its report included) on the demo's model shape and task, 3 PPO batches
+    of 64 with 4 ranks (nminibatches 2, so each rank still whitens over 8); the reward model starts from
+    the same model, with a fresh reward head."""
+    initial = demo_shaped_model(tmp_path / 'initial')
+    args = {'task.policy.initial_model': initial, 'rewards.train_new_model': 'off', 'rewards.trained_model': initial,
+            'ppo.nminibatches': 2, 'ppo.total_episodes': 192, 'run.log_interval': 100}
+    runs = {procs: run('train_policy', 'demo', tmp_path, f'procs{procs}', procs=procs, **args) for procs in (1, 4)}
+    one, four = outcome(runs[1], 'policy'), outcome(runs[4], 'policy')
+    start = trained_models.load_checkpoint(initial)
+    assert max((one['model'][k] - start[k]).abs().max().item() for k in start) > 1e-3
+    assert max_diff(one, four) <= TOL
+    reports = [json.loads((runs[p] / 'demo_report.json').read_text()) for p in (1, 4)]
+    assert reports[0]['rule_score'] == reports[1]['rule_score']  # the same samples of the trained policy
+    assert reports[0]['examples'] == reports[1]['examples']
+
+
+# ---------------------------------------------------------------------------------------------------
+# Microbatches change no result
+#
+# Split passes round differently (other matmul shapes, the loss summed in pieces), so the runs agree up
+# to fp32 rounding: the weights within 1e-6 after the `test` experiments (learning rates as they are),
+# the Adam moments and stats within 1e-5 relative. The sampled tokens are identical: tests/test_model.py.
+
+def test_train_reward_microbatches(tmp_path):
+    labels = labels_file(tmp_path / 'labels.json', 40)
+    args = dict(**{'labels.source': labels, 'labels.num_train': 32, 'batch_size': 16, 'rollout_batch_size': 16,
+                   'run.save_interval': 2})
+    whole = outcome(run('train_reward', 'test', tmp_path, 'whole', mpi=2, **args), 'reward_model')
+    other_labels = outcome(run('train_reward', 'test', tmp_path, 'other', mpi=2, **{
+        **args, 'labels.source': labels_file(tmp_path / 'other.json', 40, seed=1)}), 'reward_model')
+    assert max_diff(whole, other_labels, ['model']) > 1e-5  # what a real difference looks like
+    # 16 labels a minibatch, 8 per rank: 4 sequences (1 label) or 8 (2 labels) through the model at a time.
+    for k in (4, 8):
+        split = outcome(run('train_reward', 'test', tmp_path, f'k{k}', mpi=2, **{**args, 'run.microbatch_size': k}),
+                        'reward_model')
+        assert max_diff(whole, split, ['model']) <= TOL, k
+        assert max_diff(whole, split, ['adam', 'stats'], relative=True) <= 1e-5, k
+
+
+def test_train_policy_microbatches(tmp_path):
+    # Against the random `test` reward model: a trained one would differ by its own rounding (tested above),
+    # which its normalization amplifies.
+    args = {'ppo.total_episodes': 96, 'ppo.nminibatches': 2, 'rewards.train_new_model': 'off',
+            'rewards.trained_model': 'test'}
+    whole = outcome(run('train_policy', 'test', tmp_path, 'whole', mpi=2, **args), 'policy')
+    # 16 episodes per rank a minibatch: pieces of 3 (the last one 1) in sampling, scoring and the loss.
+    split = outcome(run('train_policy', 'test', tmp_path, 'split', mpi=2, **{**args, 'run.microbatch_size': 3}), 'policy')
+    assert max_diff(whole, split, ['model']) <= TOL
+    assert max_diff(whole, split, ['adam', 'stats'], relative=True) <= 1e-5
+    # The policy moved far beyond the tolerance (Adam's first steps move each weight by about ppo.lr).
+    lr0 = outcome(run('train_policy', 'test', tmp_path, 'lr0', mpi=2, **{**args, 'ppo.lr': 0.0}), 'policy')
+    assert max_diff(whole, lr0, ['model']) > 1e-5

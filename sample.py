@@ -19,7 +19,7 @@ from functools import partial
 import torch
 
 from lm_human_preferences import lm_tasks, train_policy
-from lm_human_preferences.language import hf_export, trained_models
+from lm_human_preferences.language import checkpoints, hf_export, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import hyperparams, launch
@@ -81,7 +81,7 @@ def _check_save_dir(save_dir, savescope):
     policy_dir = os.path.join(save_dir, 'policy')
     if not os.path.isdir(policy_dir):
         raise launch.ConfigError(f'{policy_dir} does not exist (no policy was saved in {save_dir})')
-    if savescope != 'policy' and trained_models.latest_checkpoint(policy_dir) is not None:
+    if savescope != 'policy' and checkpoints.latest_checkpoint(policy_dir) is not None:
         raise launch.ConfigError(f'--savescope {savescope}: {policy_dir} is one of our checkpoints, which '
                                  f'hold only the policy (other scopes exist only in original TF checkpoints)')
 

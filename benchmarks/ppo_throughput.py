@@ -19,8 +19,6 @@ import gc
 import io
 import json
 import os
-import platform
-import re
 import subprocess
 import sys
 import time
@@ -29,13 +27,11 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from common import GPT2_124M, device, machine_info, proc_status_mb, random_trained_model, reset_peak_rss, sync
 
 PRESETS = {
     # GPT-2 124M, the original's policy and reward model.
-    'gpt2': dict(model=dict(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12),
+    'gpt2': dict(model=GPT2_124M,
                  books=(64, 24), tldr=(500, 75), ctx=(64, 500), ctx_lengths=(8, 40), ctx_batch=4,
                  repeats=2, warmup=1),
     # Same vocabulary (so the real padding token and encoding apply), a toy body and short shapes.
@@ -151,31 +147,9 @@ def measure_matmul_peak(dtype, *, sizes=(1024, 2048), seconds=2.0):
     return best
 
 
-def machine_info():
-    model_name = platform.processor() or ''
-    try:
-        out = subprocess.run(['lscpu'], capture_output=True, text=True, check=True).stdout
-        model_name = re.search(r'Model name:\s*(.+)', out).group(1).strip()
-    except Exception:  # lscpu is optional: the platform string is a fine fallback
-        pass
-    return dict(cpu=model_name, cores=len(os.sched_getaffinity(0)), threads=torch.get_num_threads(),
-                torch=torch.__version__, python=platform.python_version(),
-                transformers=__import__('transformers').__version__,
-                cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None)
-
-
 # ----------------------------------------------------------------------------------------------
 # Shared pieces: synthetic rollouts and the PPO loss for the HF side (the original's loss)
 # ----------------------------------------------------------------------------------------------
-
-def device():
-    return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-
-
-def sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
 
 def amp(enabled):
     return torch.autocast(device().type, dtype=torch.bfloat16, enabled=enabled)
@@ -342,40 +316,6 @@ class HFImpl:
 # Our side
 # ----------------------------------------------------------------------------------------------
 
-class _NoFilesEncoding:
-    """Stands in for encodings.Main without its BPE files: the benchmark feeds random token ids, and
-    the code under test only needs the padding token (and decode, for PPOTrainer.print_samples)."""
-    name = 'main'
-
-    def __init__(self, n_vocab):
-        self.n_vocab = n_vocab
-
-    def get_encoder(self):
-        n_vocab = self.n_vocab
-
-        class Encoder:
-            padding_token = n_vocab + 2  # as encodings.Main: len(encoder) + 2
-
-            @staticmethod
-            def decode(tokens, pretty=False):
-                return ' '.join(str(t) for t in tokens)
-        return Encoder()
-
-
-def _random_trained_model(m):
-    """A TrainedModel with the given model hparams and random initial weights (like the original's
-    'test' model, which keeps its random initialisation)."""
-    from lm_human_preferences.language import model as lm_model, trained_models
-    tm = trained_models.TrainedModel('test')
-    tm.name = 'random-{n_layer}x{n_embd}'.format(**m)
-    tm.encoding = _NoFilesEncoding(m['n_vocab'])
-    hparams = lm_model.HParams()
-    hparams.override_from_dict(m)
-    tm._hparams = hparams
-    tm.checkpoint = lambda: None  # no weights to load: init_model keeps the random initialisation
-    return tm
-
-
 class OursImpl:
     """Our port: Policy.respond / analyze_responses, RewardModelTrainer.get_rewards, and the real
     train_policy.PPOTrainer: its train_minibatch (loss, backward, AdamTF) for the train step and its
@@ -388,7 +328,7 @@ class OursImpl:
         from lm_human_preferences.rewards import RewardModelTrainer
         from lm_human_preferences.utils import core
         self.core, self.m, self.w = core, m, w
-        tm = _random_trained_model(m)
+        tm = random_trained_model(m)
         dev = device()
         self.policy = self.ref_policy = self.reward_model = self.trainer = None
         if 'policy' in roles:
@@ -430,7 +370,7 @@ class OursImpl:
 
     def line_train(self, rollouts, bf16):
         self.trainer.bf16 = bf16
-        return self.trainer.train_minibatch(rollouts)
+        return self.trainer.train_minibatch([rollouts])  # this process's one rank's minibatch
 
     def line_ppo_update(self, rollouts, bf16):
         self.trainer.bf16 = bf16
@@ -550,15 +490,6 @@ def _respond(impl, queries, length):
 # Peak memory, one subprocess per (implementation, dtype, workload)
 # ----------------------------------------------------------------------------------------------
 
-def _proc_status_mb(field):
-    return int(re.search(rf'{field}:\s+(\d+)', Path('/proc/self/status').read_text()).group(1)) / 1024
-
-
-def _reset_peak_rss():
-    """Linux: writing 5 to clear_refs resets VmHWM (peak RSS) to the current RSS."""
-    Path('/proc/self/clear_refs').write_text('5')
-
-
 def memory_probe(spec):
     """Runs in a fresh process: build one implementation, run each line once, report
     peak-RSS growth over the RSS at the start of the line (and the models' resident size)."""
@@ -572,10 +503,10 @@ def memory_probe(spec):
         result['models_mb'] = (torch.cuda.memory_allocated() - before) / 2 ** 20
     else:
         gc.collect()
-        before = _proc_status_mb('VmRSS')
+        before = proc_status_mb('VmRSS')
         impl = IMPLS[spec['impl']](m, w)
         gc.collect()
-        result['models_mb'] = _proc_status_mb('VmRSS') - before
+        result['models_mb'] = proc_status_mb('VmRSS') - before
     rollouts = synthetic_rollouts(m, w)
     for line in spec['lines']:
         gc.collect()
@@ -585,10 +516,10 @@ def memory_probe(spec):
             run_once(lambda: getattr(impl, f'line_{line}')(rollouts, bf16))
             result['lines'][line] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
         else:
-            base = _proc_status_mb('VmRSS')
-            _reset_peak_rss()
+            base = proc_status_mb('VmRSS')
+            reset_peak_rss()
             run_once(lambda: getattr(impl, f'line_{line}')(rollouts, bf16))
-            result['lines'][line] = _proc_status_mb('VmHWM') - base
+            result['lines'][line] = proc_status_mb('VmHWM') - base
     print('MEMORY_PROBE ' + json.dumps(result))
 
 

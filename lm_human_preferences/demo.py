@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from lm_human_preferences import label_types, lm_tasks, train_policy as train_policy_module, \
     train_reward as train_reward_module
 from lm_human_preferences.datasets.demo import demo_corpus
-from lm_human_preferences.language import encodings, model, trained_models
+from lm_human_preferences.language import checkpoints, encodings, model, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import gcs
@@ -134,7 +134,7 @@ def pretrain(out_dir, hparams: PretrainHParams, *, log_every=100):
                   f'({time.time() - started:.0f}s)')
 
     tmp = f'{out_dir}.tmp-{os.getpid()}'
-    trained_models.save_checkpoint(tmp, hparams.steps, lm, hparams=model_hparams, encoding=encoding)
+    checkpoints.save_checkpoint(tmp, hparams.steps, lm, hparams=model_hparams, encoding=encoding)
     with open(os.path.join(tmp, 'pretrain.json'), 'w') as f:
         json.dump(_pretrain_key(hparams), f, indent=2)
     if os.path.isdir(out_dir):  # a stale model (other PRETRAIN or story): replaced
@@ -159,7 +159,7 @@ def ensure_pretrained():
         with open(key_path) as f:
             cached = json.load(f)
     try:
-        if cached == _pretrain_key(hparams) and trained_models.latest_checkpoint(out_dir) is not None:
+        if cached == _pretrain_key(hparams) and checkpoints.latest_checkpoint(out_dir) is not None:
             print(f'demo: using the pretrained initial model in {out_dir}')
         else:
             print(f'demo: pretraining the initial model into {out_dir} '

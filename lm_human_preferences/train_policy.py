@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from lm_human_preferences import lm_tasks, train_reward
-from lm_human_preferences.language import trained_models
+from lm_human_preferences.language import checkpoints, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import TrainedRewardModel
 from lm_human_preferences.utils import checkpointing
@@ -288,7 +288,7 @@ class PPOTrainer:
         ref_logprobs = ref_logprobs.float()
         scores = scores.float()
         score_stats = {k: v.float() for k, v in score_stats.items()}
-        checkpointing.check_finite(self.global_step, scores=scores)  # ours: a broken reward model stops here
+        utils.check_finite(self.global_step, scores=scores)  # ours: a broken reward model stops here
 
         rewards, non_score_reward = compute_rewards(
             scores=scores, logprobs=logprobs, ref_logprobs=ref_logprobs, kl_coef=kl_coef)
@@ -333,8 +333,8 @@ class PPOTrainer:
         # applies the same update, so the ranks' policies stay identical. No gradient clipping.
         self.rank_gradients.average()
         # Ours: stop before a non-finite update is applied (and so before it could be saved).
-        checkpointing.check_finite(self.global_step, **checkpointing.per_rank('loss', [s['loss/total'] for s in stats]),
-                                   grad_norm=checkpointing.grad_norm(self.policy.parameters()))
+        utils.check_finite(self.global_step, **utils.per_rank('loss', [s['loss/total'] for s in stats]),
+                           grad_norm=utils.grad_norm(self.policy.parameters()))
         self.optimizer.step()
         return stats
 
@@ -548,7 +548,7 @@ def train(hparams: HParams):
     saved_step = None
 
     def save_model():
-        trained_models.save_checkpoint(policy_dir, ppo_trainer.global_step, policy,
+        checkpoints.save_checkpoint(policy_dir, ppo_trainer.global_step, policy,
                                        hparams=m.hparams(), encoding=m.encoding)
 
     def save():
@@ -583,7 +583,7 @@ def train(hparams: HParams):
             if ppo_trainer.global_step % hparams.run.save_interval == 0:
                 save()
         save()
-    except (checkpointing.NonFiniteError, checkpointing.CheckpointWriteError):
+    except (utils.NonFiniteError, checkpointing.CheckpointWriteError):
         raise  # nothing more is written: no non-finite values, and a failed save would only fail again
     except BaseException:
         # The original's `finally: save()`: rank 0 keeps the weights reached so far. Only the model

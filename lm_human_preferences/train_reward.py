@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from lm_human_preferences import label_types, lm_tasks, rewards
-from lm_human_preferences.language import trained_models
+from lm_human_preferences.language import checkpoints, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import checkpointing
 from lm_human_preferences.utils import core as utils
@@ -239,8 +239,8 @@ class RewardModelTrainer():
             self.rank_gradients.add_rank()
         self.rank_gradients.average()
         # Ours: stop before a non-finite update is applied (and so before it could be saved).
-        checkpointing.check_finite(self.global_step, **checkpointing.per_rank('loss', [s['loss'] for s in stats]),
-                                   grad_norm=checkpointing.grad_norm(self.reward_model.parameters()))
+        utils.check_finite(self.global_step, **utils.per_rank('loss', [s['loss'] for s in stats]),
+                           grad_norm=utils.grad_norm(self.reward_model.parameters()))
         self.optimizer.step()
 
         step = self.global_step
@@ -295,8 +295,8 @@ class RewardModelTrainer():
             print(f'targets: {new_mean} +- {new_std}')
             print(f'before normalize: {mean} +- {std}')
         # The original asserted np.isfinite; this error names the statistic.
-        checkpointing.check_finite(self.global_step, reward_mean=mean, reward_std=std,
-                                   target_mean=new_mean, target_std=new_std)
+        utils.check_finite(self.global_step, reward_mean=mean, reward_std=std,
+                           target_mean=new_mean, target_std=new_std)
         self.reward_model.set_reward_norm(old_mean=mean, old_std=std, new_mean=new_mean, new_std=new_std)
 
     @torch.no_grad()
@@ -444,7 +444,7 @@ class RewardModelTrainer():
         model_dir = os.path.join(save_dir, 'reward_model')
 
         def save_model():
-            trained_models.save_checkpoint(
+            checkpoints.save_checkpoint(
                 model_dir, self.global_step, self.reward_model,
                 hparams=self.reward_model.hparams, encoding=self.reward_model.trained_model.encoding)
         checkpointing.save_train_state(

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from lm_human_preferences import rewards
-from lm_human_preferences.language import trained_models
+from lm_human_preferences.language import checkpoints, trained_models
 from lm_human_preferences.utils import checkpointing, core
 from test_resume import NAME, TEST_TASK, finish, last_line, launch_cli, run_in_process, write_labels
 
@@ -202,7 +202,7 @@ def results(tmp_path_factory):
     with contextlib.redirect_stdout(io.StringIO()):
         run_in_process('train_reward', finished['reward'], reward_args(finished['reward']))
         rm = rewards.RewardModelTrainer(trained_models.TrainedModel('test'))
-        trained_models.save_checkpoint(str(finished['policy'] / NAME / 'rm'), 0, rm, hparams=rm.hparams,
+        checkpoints.save_checkpoint(str(finished['policy'] / NAME / 'rm'), 0, rm, hparams=rm.hparams,
                                        encoding='test')
         run_in_process('train_policy', finished['policy'], policy_args(finished['policy']))
 

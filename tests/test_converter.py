@@ -22,7 +22,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from lm_human_preferences.language import convert_tf, encodings, model, trained_models
+from lm_human_preferences.language import checkpoints, convert_tf, encodings, model, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import RewardModelTrainer, TrainedRewardModel
 
@@ -156,7 +156,7 @@ def assert_no_pickle(directory):
         head = path.read_bytes()[:4]
         assert not head.startswith(b'PK') and head[:1] != b'\x80', path
         if path.suffix == '.safetensors':
-            trained_models.load_checkpoint(str(path))
+            checkpoints.load_checkpoint(str(path))
         else:
             json.loads(path.read_text())
 
@@ -168,7 +168,7 @@ def test_gpt2_124m_name_map(tf, shared_dir):
     list them; the weights are not in ../shared), 124,439,808 parameters, onto our Model's parameters."""
     d = shared_dir / 'gpt2-124M'
     variables = tf.train.list_variables(str(d / 'model.ckpt'))
-    hp = trained_models.load_hparams(str(d / 'hparams.json'))
+    hp = checkpoints.load_hparams(str(d / 'hparams.json'))
     assert convert_tf.infer_scope(variables, str(d), source='124M') == ''
     mapping = convert_tf.name_map(variables, hp, scope='', source='124M')
     assert len(variables) == 148 and len(mapping) == 148
@@ -229,23 +229,23 @@ def test_convert_trainer_save_dirs_and_cli(save_dirs, tmp_path):
     out = tmp_path / 'reward_out'
     runpy.run_path(str(REPO_ROOT / 'saved_models' / 'prepare_pytorch_checkpoint.py'), run_name='not_main')['main'](
         [dirs['reward_dir'], str(out)])
-    assert trained_models.latest_checkpoint(str(out)) == str(out / 'checkpoints' / 'model-0.safetensors')
-    state = trained_models.load_checkpoint(str(out))
+    assert checkpoints.latest_checkpoint(str(out)) == str(out / 'checkpoints' / 'model-0.safetensors')
+    state = checkpoints.load_checkpoint(str(out))
     assert_state_equal(state, expected_state(dirs['reward'], 'reward_model'))
     assert state['reward_norm.gain'].item() == pytest.approx(1.7)
     assert (out / 'encoding').read_text() == '"test"'
-    assert trained_models.load_hparams(str(out / 'hparams.json')) == tiny_hparams()
+    assert checkpoints.load_hparams(str(out / 'hparams.json')) == tiny_hparams()
     assert_no_pickle(out)
 
     out = tmp_path / 'policy_out'
     path = convert_tf.convert_tf_checkpoint(dirs['policy_dir'], str(out))
     assert path.endswith('model-7.safetensors')
-    assert_state_equal(trained_models.load_checkpoint(path), expected_state(dirs['policy'], 'policy'))
+    assert_state_equal(checkpoints.load_checkpoint(path), expected_state(dirs['policy'], 'policy'))
 
     # the score model inside a policy save, chosen explicitly
     out = tmp_path / 'score_out'
     convert_tf.convert_tf_checkpoint(dirs['policy_dir'], str(out), scope='reward_model')
-    assert_state_equal(trained_models.load_checkpoint(str(out)), expected_state(dirs['score'], 'reward_model'))
+    assert_state_equal(checkpoints.load_checkpoint(str(out)), expected_state(dirs['score'], 'reward_model'))
 
 
 def test_trained_model_converts_local_tf_dir_once(save_dirs):
@@ -332,12 +332,12 @@ def test_checkpoint_roundtrip(tmp_path):
     with torch.no_grad():
         policy.model.heads.value.b.fill_(0.5)
     d = str(tmp_path / 'policy')
-    trained_models.save_checkpoint(d, 3, policy, hparams=policy.model_hparams, encoding=encodings.Test)
+    checkpoints.save_checkpoint(d, 3, policy, hparams=policy.model_hparams, encoding=encodings.Test)
     torch.manual_seed(1)
-    trained_models.save_checkpoint(d, 10, policy, hparams=policy.model_hparams, encoding='test')
-    trained_models.save_checkpoint(d, 9, Policy(trained_models.TrainedModel('test')),
+    checkpoints.save_checkpoint(d, 10, policy, hparams=policy.model_hparams, encoding='test')
+    checkpoints.save_checkpoint(d, 9, Policy(trained_models.TrainedModel('test')),
                                    hparams=policy.model_hparams, encoding='test')
-    assert trained_models.latest_checkpoint(d) == os.path.join(d, 'checkpoints', 'model-10.safetensors')
+    assert checkpoints.latest_checkpoint(d) == os.path.join(d, 'checkpoints', 'model-10.safetensors')
     assert sorted(os.listdir(os.path.join(d, 'checkpoints'))) == [f'model-{s}.safetensors' for s in (10, 3, 9)]
     assert open(os.path.join(d, 'encoding')).read() == '"test"'
     assert_no_pickle(d)
@@ -357,7 +357,7 @@ def test_checkpoint_roundtrip(tmp_path):
     rm = RewardModelTrainer(trained_models.TrainedModel('test'))
     rm.set_reward_norm(old_mean=1.0, old_std=2.0, new_mean=0.0, new_std=1.0)
     rd = str(tmp_path / 'reward_model')
-    trained_models.save_checkpoint(rd, 0, rm, hparams=rm.hparams, encoding='test')
+    checkpoints.save_checkpoint(rd, 0, rm, hparams=rm.hparams, encoding='test')
     rm2 = RewardModelTrainer(trained_models.TrainedModel(rd))
     assert rm2.reward_gain.item() == 0.5 and rm2.reward_bias.item() == -0.5
     p = Policy(trained_models.TrainedModel(rd))
@@ -375,14 +375,14 @@ def test_checkpoint_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match=f'{empty}/hparams.json does not exist'):
         trained_models.TrainedModel(str(empty)).hparams()
     with pytest.raises(FileNotFoundError, match='no checkpoint in'):
-        trained_models.load_checkpoint(str(empty))
+        checkpoints.load_checkpoint(str(empty))
 
     policy = Policy(trained_models.TrainedModel('test'))
     good = policy.state_dict()
 
     def write(name, state, hp=policy.model_hparams):
         d = str(tmp_path / name)
-        trained_models.write_checkpoint(d, 0, state, hparams=hp, encoding='test')
+        checkpoints.write_checkpoint(d, 0, state, hparams=hp, encoding='test')
         return d
 
     d = write('hparams_disagree', good, hp=tiny_hparams(n_vocab=27, n_ctx=8, n_embd=14, n_head=1))
@@ -402,14 +402,14 @@ def test_loading_pickles_is_refused(tmp_path):
     state = {'model.wte': torch.zeros(2, 2)}
     torch.save(state, d / 'checkpoints' / 'model-5.safetensors')
     with pytest.raises(ValueError, match='refusing to load .*model-5.safetensors: it is a pickle'):
-        trained_models.load_checkpoint(str(d))
+        checkpoints.load_checkpoint(str(d))
     with open(d / 'checkpoints' / 'model-6.safetensors', 'wb') as f:
         pickle.dump(state, f)
     with pytest.raises(ValueError, match='refusing to load .*model-6.safetensors'):
-        trained_models.load_checkpoint(str(d))
+        checkpoints.load_checkpoint(str(d))
     (d / 'checkpoints' / 'model-7.safetensors').write_bytes(b'\x08\x00\x00\x00\x00\x00\x00\x00{bad json')
     with pytest.raises(ValueError, match='not a valid safetensors checkpoint'):
-        trained_models.load_checkpoint(str(d))
+        checkpoints.load_checkpoint(str(d))
 
 
 def test_safetensors_whose_header_length_starts_like_a_pickle(tmp_path):
@@ -422,7 +422,7 @@ def test_safetensors_whose_header_length_starts_like_a_pickle(tmp_path):
     assert data[0] == 0x80
     path = tmp_path / 'model-1.safetensors'
     path.write_bytes(data)
-    assert torch.equal(trained_models.load_checkpoint(str(path))['model.' + 'w' * n], torch.arange(3.0))
+    assert torch.equal(checkpoints.load_checkpoint(str(path))['model.' + 'w' * n], torch.arange(3.0))
 
 
 def test_runs_without_tensorflow(tmp_path, shared_dir):
@@ -436,7 +436,7 @@ def test_runs_without_tensorflow(tmp_path, shared_dir):
         sys.meta_path.insert(0, Block())
         sys.path.insert(0, {str(REPO_ROOT)!r})
         import torch
-        from lm_human_preferences.language import encodings, model, sample, trained_models, convert_tf
+        from lm_human_preferences.language import checkpoints, encodings, model, sample, trained_models, convert_tf
         from lm_human_preferences import policy, rewards
         assert encodings.Main.get_encoder().encode('Hello world') == [15496, 995]
         p = policy.Policy(trained_models.TrainedModel('test'), temperature=0.7)
@@ -444,7 +444,7 @@ def test_runs_without_tensorflow(tmp_path, shared_dir):
         r = p.respond(q, 3, generator=torch.Generator().manual_seed(0))
         a = p.analyze_responses(q, r['responses'])
         assert torch.allclose(r['logprobs'], a['logprobs'], atol=1e-5)
-        trained_models.save_checkpoint({str(tmp_path / 'p')!r}, 1, p, hparams=p.model_hparams, encoding='test')
+        checkpoints.save_checkpoint({str(tmp_path / 'p')!r}, 1, p, hparams=p.model_hparams, encoding='test')
         p2 = policy.Policy(trained_models.TrainedModel({str(tmp_path / 'p')!r}))
         rm = rewards.RewardModelTrainer(trained_models.TrainedModel('test'))
         rm.get_rewards(q, r['responses']).sum().backward()

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from lm_human_preferences.language import encodings, hf_export, model, trained_models
+from lm_human_preferences.language import checkpoints, encodings, hf_export, model, trained_models
 from lm_human_preferences.policy import Policy
 
 transformers = pytest.importorskip('transformers')  # a test-only dependency (requirements-test.txt)
@@ -26,7 +26,7 @@ def _random_policy_dir(tmp_path):
             elif name.endswith('.b') or name.startswith('heads.'):
                 p.copy_(0.3 * torch.randn_like(p))
     policy_dir = tmp_path / 'policy'
-    trained_models.save_checkpoint(str(policy_dir), 7, lm, hparams=hparams, encoding=encodings.Test)
+    checkpoints.save_checkpoint(str(policy_dir), 7, lm, hparams=hparams, encoding=encodings.Test)
     return lm, policy_dir
 
 
@@ -84,7 +84,7 @@ def test_reward_model_head_and_norm(tmp_path):
     lm = model.Model(hparams, scalar_heads=['reward'])
     state = {'model.' + k: v for k, v in lm.state_dict().items()}
     state.update({'reward_norm.gain': torch.tensor(2.5), 'reward_norm.bias': torch.tensor(-0.5)})
-    trained_models.write_checkpoint(str(tmp_path / 'rm'), 3, state, hparams=hparams, encoding='test')
+    checkpoints.write_checkpoint(str(tmp_path / 'rm'), 3, state, hparams=hparams, encoding='test')
     hf_export.export(str(tmp_path / 'rm'), str(tmp_path / 'hf'))
     from safetensors.torch import load_file
     head = load_file(str(tmp_path / 'hf' / 'reward_head.safetensors'))
@@ -101,7 +101,7 @@ def test_errors_name_the_problem(tmp_path):
     hparams = model.HParams(n_vocab=27, n_ctx=8, n_embd=8, n_head=2, n_layer=1)
     state = {'model.' + k: v for k, v in model.Model(hparams).state_dict().items()}
     hparams.n_layer = 2  # hparams.json no longer matches the weights
-    trained_models.write_checkpoint(str(tmp_path / 'bad'), 1, state, hparams=hparams, encoding='test')
+    checkpoints.write_checkpoint(str(tmp_path / 'bad'), 1, state, hparams=hparams, encoding='test')
     with pytest.raises(ValueError, match=r'lacks transformer\.h\.1\.ln_1\.weight'):
         hf_export.export(str(tmp_path / 'bad'), str(tmp_path / 'hf2'))
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lm_human_preferences.language import encodings, model, trained_models
+from lm_human_preferences.language import checkpoints, encodings, model
 from lm_human_preferences.utils import checkpointing
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -146,7 +146,7 @@ def demo_shaped_model(directory):
     """A random model of the demo's shape (2 layers, width 128) on its character encoding, as a checkpoint."""
     torch.manual_seed(0)
     hparams = model.HParams(n_vocab=encodings.Test.n_vocab, n_ctx=64, n_embd=128, n_head=4, n_layer=2)
-    trained_models.save_checkpoint(str(directory), 0, model.Model(hparams), hparams=hparams, encoding=encodings.Test)
+    checkpoints.save_checkpoint(str(directory), 0, model.Model(hparams), hparams=hparams, encoding=encodings.Test)
     return str(directory)
 
 
@@ -159,7 +159,7 @@ def test_demo_model_same_for_any_number_of_processes(tmp_path):
             'ppo.nminibatches': 2, 'ppo.total_episodes': 192, 'run.log_interval': 100}
     runs = {procs: run('train_policy', 'demo', tmp_path, f'procs{procs}', procs=procs, **args) for procs in (1, 4)}
     one, four = outcome(runs[1], 'policy'), outcome(runs[4], 'policy')
-    start = trained_models.load_checkpoint(initial)
+    start = checkpoints.load_checkpoint(initial)
     assert max((one['model'][k] - start[k]).abs().max().item() for k in start) > 1e-3
     assert max_diff(one, four) <= TOL
     reports = [json.loads((runs[p] / 'demo_report.json').read_text()) for p in (1, 4)]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from lm_human_preferences.language import sample, trained_models
+from lm_human_preferences.language import checkpoints, sample, trained_models
 from lm_human_preferences.policy import Policy
 
 n_vocab = 10
@@ -112,7 +112,7 @@ def demo_shaped_policy(tmp_path):
     from lm_human_preferences.language import encodings, model
     torch.manual_seed(0)
     hp = model.HParams(n_vocab=27, n_ctx=64, n_embd=128, n_head=4, n_layer=2)
-    trained_models.save_checkpoint(str(tmp_path / 'model'), 0, model.Model(hp), hparams=hp, encoding=encodings.Test)
+    checkpoints.save_checkpoint(str(tmp_path / 'model'), 0, model.Model(hp), hparams=hp, encoding=encodings.Test)
     policy = Policy(trained_models.TrainedModel(str(tmp_path / 'model')))
     with torch.no_grad():
         policy.model.heads.value.w.normal_()  # the value head starts at zero

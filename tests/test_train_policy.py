@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from lm_human_preferences import lm_tasks, train_policy
-from lm_human_preferences.language import trained_models
+from lm_human_preferences.language import checkpoints, trained_models
 from lm_human_preferences.policy import Policy
 
 
@@ -119,8 +119,8 @@ def test_save(tmp_path):
     assert json.loads((run / 'policy' / 'hparams.json').read_text())['n_embd'] == 7
     ckpts = sorted(p.name for p in (run / 'policy' / 'checkpoints').iterdir())
     assert ckpts == ['model-1.safetensors', 'model-2.safetensors']
-    s1 = trained_models.load_checkpoint(str(run / 'policy' / 'checkpoints' / 'model-1.safetensors'))
-    s2 = trained_models.load_checkpoint(str(run / 'policy'))
+    s1 = checkpoints.load_checkpoint(str(run / 'policy' / 'checkpoints' / 'model-1.safetensors'))
+    s2 = checkpoints.load_checkpoint(str(run / 'policy'))
     assert set(s1) == set(s2) and 'model.heads.value.w' in s1
     assert any(not torch.equal(s1[k], s2[k]) for k in s1)  # the second update changed the weights
     # The checkpoint loads into a policy through trained_models, as sample.py does.
@@ -158,9 +158,9 @@ def test_reward_training(tmp_path):
     hparams = train_policy_test({'run.save_dir': str(save_dir), **REWARD_TRAINING})
     reward_dir = save_dir / 'reward_model'
     assert hparams.rewards.trained_model == str(reward_dir)
-    assert trained_models.latest_checkpoint(str(reward_dir)) is not None
+    assert checkpoints.latest_checkpoint(str(reward_dir)) is not None
     assert (save_dir / 'train_reward_hparams.json').is_file()
-    assert trained_models.latest_checkpoint(str(save_dir / 'policy')) is not None
+    assert checkpoints.latest_checkpoint(str(save_dir / 'policy')) is not None
 
 
 def test_reward_training_needs_the_same_task_and_a_save_dir(tmp_path):
@@ -391,7 +391,7 @@ def test_first_minibatch_ratio_is_one(tmp_path, monkeypatch, bf16):
     from lm_human_preferences.language import encodings, model
     torch.manual_seed(0)
     hp = model.HParams(n_vocab=27, n_ctx=64, n_embd=128, n_head=4, n_layer=2)  # the demo's shape
-    trained_models.save_checkpoint(str(tmp_path / 'm'), 0, model.Model(hp), hparams=hp, encoding=encodings.Test)
+    checkpoints.save_checkpoint(str(tmp_path / 'm'), 0, model.Model(hp), hparams=hp, encoding=encodings.Test)
     m = trained_models.TrainedModel(str(tmp_path / 'm'))
     policy, ref_policy = Policy(m), Policy(m)
     with torch.no_grad():

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lm_human_preferences import label_types, rewards, train_reward
-from lm_human_preferences.language import trained_models
+from lm_human_preferences.language import checkpoints, trained_models
 from lm_human_preferences.utils import core
 
 N_VOCAB, PAD = 27, 27  # the `test` encoding: 27 characters, padding token len(vocab)
@@ -151,8 +151,8 @@ def test_save(tmp_path):
     assert json.loads((reward_dir / 'encoding').read_text()) == 'test'
     assert json.loads((reward_dir / 'hparams.json').read_text())['n_embd'] == 7
     # One checkpoint, named by the number of minibatches trained (16 labels / 8).
-    assert trained_models.latest_checkpoint(str(reward_dir)) == str(reward_dir / 'checkpoints' / 'model-2.safetensors')
-    state = trained_models.load_checkpoint(str(reward_dir))
+    assert checkpoints.latest_checkpoint(str(reward_dir)) == str(reward_dir / 'checkpoints' / 'model-2.safetensors')
+    state = checkpoints.load_checkpoint(str(reward_dir))
     mean, std = results['normalize_after']['before']
     assert state['reward_norm.gain'].item() == pytest.approx(1 / std, rel=1e-6)
     assert state['reward_norm.bias'].item() == pytest.approx(-mean / std, rel=1e-6, abs=1e-7)

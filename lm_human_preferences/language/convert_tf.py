@@ -19,7 +19,7 @@ import re
 import numpy as np
 import torch
 
-from lm_human_preferences.language import model, trained_models
+from lm_human_preferences.language import checkpoints, model
 
 # Optimizer slots (the original's AdamOptimizer named 'adam'; TF's default name is 'Adam') and counters.
 _SKIPPED = re.compile(r'(.*/)?(Adam|Adam_1|adam|adam_1|beta1_power(_\d+)?|beta2_power(_\d+)?|global_step|train_step)$')
@@ -145,8 +145,8 @@ def convert_tf_checkpoint(src, dst, *, scope=None):
     hparams_file = os.path.join(model_dir, 'hparams.json')
     if not os.path.isfile(hparams_file):
         raise FileNotFoundError(f'{hparams_file} does not exist (needed to convert {prefix})')
-    hparams = trained_models.load_hparams(hparams_file)
-    encoding = trained_models.read_encoding(model_dir)
+    hparams = checkpoints.load_hparams(hparams_file)
+    encoding = checkpoints.read_encoding(model_dir)
 
     import tensorflow as tf  # only here: nothing but conversion needs TensorFlow
     variables = tf.train.list_variables(prefix)
@@ -162,4 +162,4 @@ def convert_tf_checkpoint(src, dst, *, scope=None):
         state[key] = torch.tensor(value)  # a copy; scalars stay 0-d
     m = re.search(r'-(\d+)$', prefix)
     step = int(m.group(1)) if m else 0
-    return trained_models.write_checkpoint(dst, step, state, hparams=hparams, encoding=encoding)
+    return checkpoints.write_checkpoint(dst, step, state, hparams=hparams, encoding=encoding)

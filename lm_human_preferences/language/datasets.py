@@ -31,7 +31,7 @@ from lm_human_preferences.datasets.cnndm import cnndm_texts
 from lm_human_preferences.datasets.demo import demo_texts
 from lm_human_preferences.datasets.local import local_texts
 from lm_human_preferences.datasets.tldr import tldr_texts
-from lm_human_preferences.utils import core, gcs, ranks
+from lm_human_preferences.utils import core, files, gcs, ranks
 
 _registry: Dict[str, "Dataset"] = {}
 
@@ -132,9 +132,9 @@ class Dataset:
         queries, valid = _encode_queries(texts, encoder=encoder, cut=cut, desc=f'{self.name} {mode}: encoding queries')
         if core.is_root():
             os.makedirs(os.path.dirname(base), exist_ok=True)
-            gcs.atomic_write(base + '.json', json.dumps(settings, indent=2).encode())
-            gcs.atomic_write(base + '.valid.npy', _npy_bytes(valid))
-            gcs.atomic_write(base + '.npy', _npy_bytes(queries))  # last: its presence marks completion
+            files.atomic_write(base + '.json', json.dumps(settings, indent=2).encode())
+            files.atomic_write(base + '.valid.npy', _npy_bytes(valid))
+            files.atomic_write(base + '.npy', _npy_bytes(queries))  # last: its presence marks completion
         return queries, valid
 
     def _texts_path(self, mode):
@@ -153,9 +153,9 @@ class Dataset:
         texts_id = _texts_sha1(texts)
         if core.is_root():
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            gcs.atomic_write(path + '.sha1', texts_id.encode())
+            files.atomic_write(path + '.sha1', texts_id.encode())
             # The original's book_passages format: one JSON string per line.
-            gcs.atomic_write(path, b''.join(json.dumps(t).encode() + b'\n' for t in texts))
+            files.atomic_write(path, b''.join(json.dumps(t).encode() + b'\n' for t in texts))
         return texts, texts_id
 
 

@@ -26,7 +26,7 @@ import json
 import os
 import re
 
-from lm_human_preferences.language import trained_models
+from lm_human_preferences.language import checkpoints, trained_models
 
 # Our parameter names (without the `model.` prefix) -> GPT2LMHeadModel's.
 _RENAMES = [
@@ -134,7 +134,7 @@ def export(model_dir, out_dir, *, scope=None):
     m = trained_models.TrainedModel(model_dir, savedir=model_dir, scope=scope)
     source = m.checkpoint()
     hparams = m.hparams()
-    transformer, heads = convert_state(trained_models.load_checkpoint(source))
+    transformer, heads = convert_state(checkpoints.load_checkpoint(source))
     _check_shapes(transformer, hparams, source)
 
     os.makedirs(out_dir, exist_ok=True)

@@ -1,42 +1,26 @@
-"""Pretrained / trained models and our checkpoint format (port of the original language/trained_models.py).
-
-Our checkpoint format (everything saves and loads through the functions below):
-    <dir>/hparams.json                            model HParams
-    <dir>/encoding                                the encoding name, JSON-quoted as the original wrote it
-    <dir>/checkpoints/model-<step>.safetensors    the state of one model scope: `model.<param>` for the
-                                                  transformer and its heads (`model.h.0.attn.c_attn.w`,
-                                                  `model.heads.value.w`, ...), `reward_norm.gain/bias`
-                                                  for reward models
-The keys are the original's TF variable names under the scope with '/' -> '.' and 'h<i>' -> 'h.<i>'
-(see model.py). Safetensors only: loading never unpickles anything.
+"""Pretrained / trained models (port of the original language/trained_models.py).
 
 A model is named as in the original: 'test' (tiny, randomly initialised), 'demo' (ours: the offline
 demo's small model in saved_models_dir()/demo, made by demo.py), a GPT-2 release ('124M',
 downloaded from OpenAI's public bucket and converted once into saved_models_dir()/<name>), or a
-directory holding either one of our checkpoints or an original TF checkpoint (converted on first use
-into a cache dir under saved_models_dir()/converted).
+directory holding either one of our checkpoints (language/checkpoints.py) or an original TF
+checkpoint (converted on first use into a cache dir under saved_models_dir()/converted).
 """
 
 import contextlib
 import copy
 import fcntl
 import hashlib
-import json
 import os
 import re
 
-import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save
 
-from lm_human_preferences.language import encodings, model
-from lm_human_preferences.utils import gcs, hyperparams
+from lm_human_preferences.language import checkpoints, convert_tf, encodings, model
+from lm_human_preferences.utils import gcs
 
 GPT2_MODELS_URL = 'https://openaipublic.blob.core.windows.net/gpt-2/models'
 GPT2_RELEASE_FILES = ('checkpoint', 'hparams.json', 'model.ckpt.data-00000-of-00001', 'model.ckpt.index',
                       'model.ckpt.meta')
-
-_CHECKPOINT_RE = re.compile(r'model-(\d+)\.safetensors')
 
 
 class TrainedModel():
@@ -53,7 +37,7 @@ class TrainedModel():
             if not os.path.isdir(self.savedir):
                 raise FileNotFoundError(f"model 'demo': {self.savedir} does not exist (the demo commands "
                                         f"`python launch.py train_policy demo NAME` / `train_reward demo NAME` make it)")
-            self.encoding = read_encoding(self.savedir)
+            self.encoding = checkpoints.read_encoding(self.savedir)
         else:
             # The original's default savedir was gs://gpt-2/models/<name>; a name that is a path is a
             # local model dir, and an https URL is an original TF run dir (e.g. OpenAI's released
@@ -64,7 +48,7 @@ class TrainedModel():
             if self.savedir is not None and not os.path.isdir(self.savedir):
                 raise FileNotFoundError(f'model directory {self.savedir} does not exist')
             # The original always used Main for non-test models; we honour the dir's `encoding` file.
-            self.encoding = read_encoding(self.savedir) if self.savedir else encodings.Main
+            self.encoding = checkpoints.read_encoding(self.savedir) if self.savedir else encodings.Main
         self._hparams = None
 
     def _release_url(self, filename):
@@ -80,17 +64,16 @@ class TrainedModel():
         """Path of our checkpoint file for this model (converting an original one first); None for 'test'."""
         if self.name == 'test':
             return None
-        from lm_human_preferences.language import convert_tf  # here: convert_tf imports this module
         if self.savedir is None:
             dst = os.path.join(gcs.saved_models_dir(), self.name)
-            if latest_checkpoint(dst) is None:
+            if checkpoints.latest_checkpoint(dst) is None:
                 src = self.download_release()
                 with _file_lock(dst + '.lock'):
-                    if latest_checkpoint(dst) is None:
+                    if checkpoints.latest_checkpoint(dst) is None:
                         print(f'converting {src} -> {dst}')
                         convert_tf.convert_tf_checkpoint(src, dst, scope=self.scope)
-            return latest_checkpoint(dst)
-        ours = latest_checkpoint(self.savedir)
+            return checkpoints.latest_checkpoint(dst)
+        ours = checkpoints.latest_checkpoint(self.savedir)
         if ours is not None:
             return ours
         prefix = convert_tf.find_tf_checkpoint(self.savedir)
@@ -104,20 +87,20 @@ class TrainedModel():
         dst = os.path.join(gcs.saved_models_dir(), 'converted',
                            f'{os.path.basename(os.path.normpath(self.savedir))}-{hashlib.sha1(key.encode()).hexdigest()[:16]}')
         with _file_lock(dst + '.lock'):
-            if latest_checkpoint(dst) is None:
+            if checkpoints.latest_checkpoint(dst) is None:
                 print(f'converting {prefix} -> {dst}')
                 convert_tf.convert_tf_checkpoint(prefix, dst, scope=self.scope)
-        return latest_checkpoint(dst)
+        return checkpoints.latest_checkpoint(dst)
 
     def hparams(self):
         if self._hparams is None:
             if self.name == 'test':
                 hparams = test_hparams()
             elif self.savedir is None:
-                hparams = load_hparams(gcs.download_file_cached(
+                hparams = checkpoints.load_hparams(gcs.download_file_cached(
                     self._release_url('hparams.json'), cache_dir=os.path.join(gcs.saved_models_dir(), 'downloads')))
             else:
-                hparams = load_hparams(os.path.join(self.savedir, 'hparams.json'))
+                hparams = checkpoints.load_hparams(os.path.join(self.savedir, 'hparams.json'))
             self._hparams = hparams
         return copy.deepcopy(self._hparams)
 
@@ -133,7 +116,7 @@ class TrainedModel():
         path = self.checkpoint()
         if path is None:
             return
-        load_state(module, load_checkpoint(path), source=path)
+        checkpoints.load_state(module, checkpoints.load_checkpoint(path), source=path)
 
 
 def _is_path(name):
@@ -165,14 +148,6 @@ def download_tf_model_dir(url):
     return local
 
 
-def load_hparams(file):
-    if not os.path.isfile(file):
-        raise FileNotFoundError(f'{file} does not exist')
-    hparams = model.HParams()
-    hparams.override_from_json_file(file)
-    return hparams
-
-
 def test_hparams():
     hparams = model.HParams()
     hparams.override_from_dict(dict(
@@ -183,97 +158,6 @@ def test_hparams():
         n_head=1,
     ))
     return hparams
-
-
-def read_encoding(model_dir):
-    """The encoding named by <model_dir>/encoding (JSON-quoted as the original wrote it, or bare);
-    Main when the file is absent (the original always used Main for non-test models)."""
-    path = os.path.join(model_dir, 'encoding')
-    if not os.path.isfile(path):
-        return encodings.Main
-    with open(path) as f:
-        text = f.read().strip()
-    try:
-        name = json.loads(text)
-    except json.JSONDecodeError:
-        name = text
-    return encodings.get(name)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Checkpoints of ours
-
-def _state_of(module):
-    """A module's state under our keys: a bare Model's parameters get the `model.` prefix."""
-    prefix = 'model.' if isinstance(module, model.Model) else ''
-    return {prefix + k: v for k, v in module.state_dict().items()}
-
-
-def write_checkpoint(dir, step, state, *, hparams, encoding):
-    """Write a state dict (our keys) as `dir`'s checkpoint for `step`, with hparams.json and encoding."""
-    ckpt_dir = os.path.join(dir, 'checkpoints')
-    os.makedirs(ckpt_dir, exist_ok=True)
-    hyperparams.save_json(hparams, os.path.join(dir, 'hparams.json'))
-    name = encoding if isinstance(encoding, str) else encoding.name
-    gcs.atomic_write(os.path.join(dir, 'encoding'), json.dumps(name).encode())
-    path = os.path.join(ckpt_dir, f'model-{int(step)}.safetensors')
-    gcs.atomic_write(path, save({k: v.detach().to('cpu', copy=True).contiguous() for k, v in state.items()}))
-    return path
-
-
-def save_checkpoint(dir, step, module, *, hparams, encoding):
-    """Save module (a Model, Policy or reward model: one scope) to dir; call on one rank only."""
-    return write_checkpoint(dir, step, _state_of(module), hparams=hparams, encoding=encoding)
-
-
-def latest_checkpoint(dir):
-    """Path of the highest-step checkpoint in <dir>/checkpoints, or None."""
-    ckpt_dir = os.path.join(dir, 'checkpoints')
-    if not os.path.isdir(ckpt_dir):
-        return None
-    steps = [int(m.group(1)) for m in map(_CHECKPOINT_RE.fullmatch, os.listdir(ckpt_dir)) if m]
-    return os.path.join(ckpt_dir, f'model-{max(steps)}.safetensors') if steps else None
-
-
-def load_checkpoint(dir_or_file):
-    """The state dict (our keys -> CPU tensors) of a checkpoint file, or of a dir's latest one."""
-    path = dir_or_file
-    if os.path.isdir(dir_or_file):
-        path = latest_checkpoint(dir_or_file)
-        if path is None:
-            raise FileNotFoundError(f'no checkpoint in {dir_or_file}/checkpoints (expected model-<step>.safetensors)')
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f'checkpoint {path} does not exist')
-    gcs.refuse_pickle(path)
-    try:
-        return load_file(path)
-    except SafetensorError as e:
-        raise ValueError(f'{path} is not a valid safetensors checkpoint: {e}') from None
-
-
-def _is_optional(key):
-    return key.startswith('model.heads.') or key.startswith('reward_norm.')
-
-
-@torch.no_grad()
-def load_state(module, state, *, source):
-    """Copy state (our keys) into module; see TrainedModel.init_model for the rules."""
-    targets = _state_of(module)
-    unknown = sorted(k for k in state if k not in targets and not _is_optional(k))
-    if unknown:
-        raise ValueError(f'unknown variable {unknown[0]!r} in {source} (the model has no such parameter'
-                         f'{f"; {len(unknown)} unknown in all" if len(unknown) > 1 else ""})')
-    for key, target in targets.items():
-        if key not in state:
-            if not _is_optional(key):
-                raise ValueError(f'variable {key!r} is missing from {source}')
-            print(f'Param {key} is missing from checkpoint {source}; keeping its initial value')
-            continue
-        value = state[key]
-        if value.shape != target.shape:
-            raise ValueError(f'variable {key!r} has shape {list(value.shape)} in {source}, but the model '
-                             f'(built from its hparams.json) expects {list(target.shape)}')
-        target.copy_(value)
 
 
 @contextlib.contextmanager

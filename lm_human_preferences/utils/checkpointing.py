@@ -41,12 +41,11 @@ import numpy as np
 import torch
 
 from lm_human_preferences.utils import core, ranks
-from lm_human_preferences.utils.gcs import atomic_write, fsync_dir, refuse_pickle
+from lm_human_preferences.utils import files
 
 TRAIN_STATE_SUBDIR = 'train_state'
 FORMAT = 'lm_human_preferences train state v2'
 _STATE_RE = re.compile(r'state-(\d+)\.json')
-_TMP_RE = re.compile(r'.*\.tmp-\d+')
 
 
 class CheckpointError(ValueError):
@@ -60,10 +59,6 @@ class CheckpointWriteError(CheckpointError, OSError):
 
 class IncompatibleRunError(ValueError):
     """The save dir holds a run with other hyperparameters."""
-
-
-class NonFiniteError(FloatingPointError):
-    """A loss, reward or gradient is NaN or infinite."""
 
 
 class CheckpointWarning(UserWarning):
@@ -283,20 +278,20 @@ def _write_train_state(save_dir, step, tensors, sidecar, *, keep):
     path = tensors_path
     try:
         os.makedirs(state_dir, exist_ok=True)
-        _remove_stale_temporaries(state_dir)
+        files.remove_stale_temporaries(state_dir)
         if os.path.exists(sidecar_path):
             # Re-saving a step: uncommit it first, so that a crash below cannot pair the old .json with
             # the new tensors (the step would look corrupt instead of simply absent).
             os.remove(sidecar_path)
-            fsync_dir(state_dir)
+            files.fsync_dir(state_dir)
         data = save(tensors)
-        atomic_write(tensors_path, data)
+        files.atomic_write(tensors_path, data)
         sidecar = dict(sidecar, tensors=os.path.basename(tensors_path),
                        tensors_sha256=hashlib.sha256(data).hexdigest(), tensors_bytes=len(data))
         del data
         sidecar['sha256'] = hashlib.sha256(_canonical(sidecar)).hexdigest()
         path = sidecar_path
-        atomic_write(sidecar_path, json.dumps(sidecar, indent=1, sort_keys=True).encode())
+        files.atomic_write(sidecar_path, json.dumps(sidecar, indent=1, sort_keys=True).encode())
     except OSError as e:
         if path == sidecar_path and os.path.exists(tensors_path):
             os.remove(tensors_path)  # its .json never arrived: the tensors alone are no state
@@ -306,13 +301,6 @@ def _write_train_state(save_dir, step, tensors, sidecar, *, keep):
         raise err from e
     _prune(state_dir, keep=keep)
     return sidecar_path
-
-
-def _remove_stale_temporaries(state_dir):
-    """Temporary files of a save that was killed (SIGKILL) before its rename."""
-    for name in os.listdir(state_dir):
-        if _TMP_RE.fullmatch(name):
-            os.remove(os.path.join(state_dir, name))
 
 
 def _prune(state_dir, *, keep):
@@ -343,7 +331,7 @@ def _verified_sidecar(state_dir, step):
     """The sidecar dict of step if both files verify; raises CheckpointError naming the problem otherwise."""
     tensors_path, sidecar_path = _paths(state_dir, step)
     try:
-        refuse_pickle(sidecar_path)
+        files.refuse_pickle(sidecar_path)
         with open(sidecar_path, 'rb') as f:
             sidecar = json.loads(f.read())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -357,7 +345,7 @@ def _verified_sidecar(state_dir, step):
         raise CheckpointError(f'{sidecar_path} holds step {sidecar["step"]}, not {step}')
     if not os.path.isfile(tensors_path):
         raise CheckpointError(f'{tensors_path} is missing')
-    refuse_pickle(tensors_path)
+    files.refuse_pickle(tensors_path)
     size = os.path.getsize(tensors_path)
     if size != sidecar['tensors_bytes']:
         raise CheckpointError(f'{tensors_path} has {size} bytes, expected {sidecar["tensors_bytes"]} (truncated?)')
@@ -487,7 +475,7 @@ def drop_stats_from(jsonl_path, step):
         lines = f.read().splitlines(keepends=True)
     keep = [line for line in lines if line.endswith(b'\n') and logged_before(line)]
     if len(keep) != len(lines):
-        atomic_write(jsonl_path, b''.join(keep))
+        files.atomic_write(jsonl_path, b''.join(keep))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -551,34 +539,3 @@ def _check_resume_compatible(save_dir, hparams_dict, filename, ignore):
             f'{k}={ours.get(k, "<unset>")!r}{more}. To resume that run, rerun its command with the same '
             f'hyperparameters; to start a new run, choose another --save_dir')
     return True
-
-
-def grad_norm(params):
-    """The global L2 norm of the .grad of params (those with one), as a 0-d fp32 tensor."""
-    norms = [torch.linalg.vector_norm(p.grad.detach().float()) for p in params if p.grad is not None]
-    if not norms:
-        return torch.zeros(())
-    return torch.linalg.vector_norm(torch.stack(norms))
-
-
-def per_rank(name, values):
-    """{name: value} for check_finite from one value per rank this process carries, each named for its
-    rank where there are several ranks ('loss of rank 3')."""
-    if core.get_world_size() == 1:
-        return {name: values[0]}
-    return {f'{name} of rank {r}': v for r, v in zip(core.local_ranks(), values)}
-
-
-def check_finite(step, **metrics):
-    """Raise NonFiniteError naming the step and the metric if any value (a number or a tensor) is NaN or
-    infinite. Called before the optimizer step and before any save, so no bad state is ever applied or
-    written: the last checkpoint stays the last good one."""
-    for name, value in metrics.items():
-        t = torch.as_tensor(value).detach()
-        finite = torch.isfinite(t)
-        if not bool(finite.all()):
-            bad = t[~finite].flatten()
-            where = '' if t.dim() == 0 else f' ({bad.numel()} of {t.numel()} values, e.g. {bad[0].item()})'
-            value_str = f'{t.item()}' if t.dim() == 0 else 'non-finite'
-            raise NonFiniteError(f'non-finite {name} at step {step}: {value_str}{where}; training stopped '
-                                 f'(the checkpoints already written are kept)')

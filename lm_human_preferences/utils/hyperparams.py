@@ -20,7 +20,7 @@ import typing
 from dataclasses import fields, is_dataclass
 from functools import lru_cache
 
-from lm_human_preferences.utils import gcs
+from lm_human_preferences.utils import files, gcs
 
 
 # The error classes subclass the builtin exceptions the original raised (the original's tests expect
@@ -43,7 +43,6 @@ class HParams:
     def override_from_json_file(self, filename):
         if '://' in filename:
             # The original read gs:// files through the GCS client; we fetch URLs over http(s).
-            from lm_human_preferences.utils import gcs
             filename = gcs.download_file_cached(filename)
         with open(filename) as f:
             hparams_str = f.read()
@@ -232,7 +231,7 @@ def dump(hparams, *, name='hparams', out=None):
 
 def save_json(hparams, path):
     """Write hparams.to_nested_dict() as JSON, atomically (the trainers save their hparams with this)."""
-    gcs.atomic_write(path, json.dumps(hparams.to_nested_dict(), indent=2).encode())
+    files.atomic_write(path, json.dumps(hparams.to_nested_dict(), indent=2).encode())
 
 
 def _can_distinguish_unambiguously(type_set):

@@ -16,7 +16,7 @@ import re
 
 
 from lm_human_preferences.language import checkpoints, convert_tf, encodings, model
-from lm_human_preferences.utils import gcs
+from lm_human_preferences.utils import core, gcs
 
 GPT2_MODELS_URL = 'https://openaipublic.blob.core.windows.net/gpt-2/models'
 GPT2_RELEASE_FILES = ('checkpoint', 'hparams.json', 'model.ckpt.data-00000-of-00001', 'model.ckpt.index',
@@ -116,7 +116,13 @@ class TrainedModel():
         path = self.checkpoint()
         if path is None:
             return
-        checkpoints.load_state(module, checkpoints.load_checkpoint(path), source=path)
+        # The newest checkpoint that verifies (a corrupt newest one is skipped with a warning).
+        path, state = checkpoints.load_latest_checkpoint(os.path.dirname(os.path.dirname(path)))
+        fresh = checkpoints.load_state(module, state, source=path)
+        if fresh and core.is_root():
+            heads = sorted({k.split('.')[2] if k.startswith('model.heads.') else k.split('.')[0] for k in fresh})
+            print(f'{type(module).__name__} from {path}: {", ".join(heads)} start fresh (not in the checkpoint), '
+                  f'as the original intended')
 
 
 def _is_path(name):

@@ -21,8 +21,9 @@ def fsync_dir(directory):
         os.close(fd)
 
 
-def atomic_write(path, data: bytes):
-    """Write data to path so that path holds either its old content or all of data, never a part.
+def atomic_write(path, data):
+    """Write data (bytes, or a list of bytes-like chunks written one after another) to path so that path
+    holds either its old content or all of data, never a part.
 
     Written to `<path>.tmp-<pid>` with os.write (short writes continued), fsynced, renamed over path,
     and the directory fsynced. On any error (ENOSPC, EIO, ...) the temporary file is removed and the
@@ -32,9 +33,10 @@ def atomic_write(path, data: bytes):
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            for chunk in (data if isinstance(data, list) else [data]):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
             os.fsync(fd)
         finally:
             os.close(fd)

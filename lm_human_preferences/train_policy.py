@@ -23,12 +23,13 @@ import numpy as np
 import torch
 
 from lm_human_preferences import lm_tasks, train_reward
-from lm_human_preferences.language import checkpoints, trained_models
+from lm_human_preferences.language import trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import TrainedRewardModel
 from lm_human_preferences.utils import checkpointing
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import hyperparams, plots
+from lm_human_preferences.utils import hyperparams
+from lm_human_preferences.utils.run import Progress, Run
 
 
 @dataclass
@@ -194,7 +195,7 @@ def minibatch_moments(*, returns, old_values):
 
 
 class PPOTrainer:
-    def __init__(self, *, policy, ref_policy, query_sampler, score_fn, hparams):
+    def __init__(self, *, policy, ref_policy, query_sampler, score_fn, hparams, run=None):
         self.policy = policy
         self.ref_policy = ref_policy
         self.score_fn = score_fn
@@ -222,10 +223,9 @@ class PPOTrainer:
         self.optimizer = utils.AdamTF(self.policy.parameters(), lr=hparams.ppo.lr, eps=1e-5)
         self.rank_gradients = utils.RankGradients(self.policy.parameters())
 
-        save_dir = hparams.run.save_dir
-        self.summary_writer = utils.get_summary_writer(save_dir, subdir='ppo')
-        self.stats_jsonl = os.path.join(save_dir, 'train_policy_stats.jsonl') if save_dir else None
-        self.wandb_run = None  # set by train() when run.wandb is on
+        # Ours: the utils/run.Run that logs the stats (None: one that saves nothing).
+        self.run = run if run is not None else Run(hparams, 'train_policy')
+        self.progress = None  # ours: the `[ppo_step]` line's total and ETA, from the first step run
         # elapsed/time and elapsed/fps (the original's tf_times): since start and since the last batch.
         self.start_time = self.last_time = time.time()
 
@@ -256,9 +256,13 @@ class PPOTrainer:
         # Record profiles of the step times
         step_time = time.time() - step_started_at
         eps_per_second = float(hparams.ppo.batch_size) / step_time
+        if self.progress is None:
+            self.progress = Progress(nupdates(hparams), start=self.global_step)
+        self.progress.done = self.global_step + 1
         if utils.is_root():
+            # Ours: of how many, and the ETA.
             print(f"[ppo_step {self.global_step}] step_time={step_time:.2f}s, "
-                  f"eps/s={eps_per_second:.2f}")
+                  f"eps/s={eps_per_second:.2f} ({self.progress()})")
         return stats
 
     def rollout(self, kl_coef):
@@ -421,12 +425,8 @@ class PPOTrainer:
         })
 
         # The original logged only on rank 0 with a save_dir (where its summary writer existed); we
-        # always print the table on rank 0 every log_interval batches.
-        stats = utils.record_stats(stats=stats, summary_writer=self.summary_writer, step=step,
-                                   log_interval=hparams.run.log_interval, jsonl_path=self.stats_jsonl)
-        if self.wandb_run is not None:
-            self.wandb_run.log(stats, step=step)
-        return stats
+        # always print the table on rank 0 every log_interval batches (and ours: JSONL, wandb).
+        return self.run.stats.log(stats, step)
 
     def print_samples(self, queries, responses, scores, logprobs, ref_logprobs):
         if not utils.is_root():
@@ -471,12 +471,6 @@ def make_score_fn(hparams, score_model, microbatch_size=None):
 def train(hparams: HParams):
     """Ours: rerun with the same hparams and save dir, it resumes from the last training states there."""
     save_dir = hparams.run.save_dir
-    if save_dir:
-        # Ours: a save dir holding another run is refused before anything is written into it. With
-        # train_new_model, rewards.trained_model is set to <save_dir>/reward_model below (so it differs).
-        checkpointing.check_resume_compatible(
-            save_dir, hparams.to_nested_dict(), 'train_policy_hparams.json',
-            ignore=('rewards.trained_model',) if hparams.rewards.train_new_model else ())
     if hparams.rewards.train_new_model:
         if hparams.task != hparams.rewards.train_new_model.task:
             raise ValueError(f'rewards.train_new_model.task must equal task: '
@@ -487,127 +481,75 @@ def train(hparams: HParams):
             raise ValueError('rewards.train_new_model needs run.save_dir: the reward model is trained into '
                              '<save_dir>/reward_model and loaded from there')
         hparams.rewards.train_new_model.run.save_dir = save_dir
-        train_reward.train(hparams.rewards.train_new_model)
-        # Rank 0 saved the reward model; broadcasting its path makes every rank wait for that.
-        hparams.rewards.trained_model = utils.mpi_bcast(os.path.join(save_dir, 'reward_model'))
+        # Ours: set before training it (the original: after), so that the run's hparams file has it; and
+        # the reward phase logs to wandb when the policy does (its own run in the save dir's group).
+        hparams.rewards.trained_model = os.path.join(save_dir, 'reward_model')
+        hparams.rewards.train_new_model.run.wandb |= hparams.run.wandb
 
-    if utils.is_root():
-        hyperparams.dump(hparams)
+    # Ours: the save dir (locked; a dir holding another run is refused), its files and stats (utils/run.py).
+    with Run(hparams, 'train_policy') as run:
+        if hparams.rewards.train_new_model:
+            train_reward.train(hparams.rewards.train_new_model)
+            utils.mpi_bcast(None)  # rank 0 saved the reward model: every process waits for it
 
-    m = trained_models.TrainedModel(hparams.task.policy.initial_model)
-    encoder = m.encoding.get_encoder()
-    if utils.is_root():
-        hyperparams.dump(m.hparams(), name='model_hparams')
+        m = trained_models.TrainedModel(hparams.task.policy.initial_model)
+        encoder = m.encoding.get_encoder()
 
-    policy_dir = os.path.join(save_dir, 'policy') if save_dir else None
-    if save_dir and utils.is_root():
-        os.makedirs(policy_dir, exist_ok=True)
-        hyperparams.save_json(hparams, os.path.join(save_dir, 'train_policy_hparams.json'))
-    utils.set_mpi_seed(hparams.run.seed)
+        utils.set_mpi_seed(hparams.run.seed)
 
-    device = utils.get_device()
-    score_model = TrainedRewardModel(hparams.rewards.trained_model, m.encoding).to(device)
+        device = utils.get_device()
+        score_model = TrainedRewardModel(hparams.rewards.trained_model, m.encoding).to(device)
 
-    ref_policy = Policy(
-        m, scope='ref_policy',
-        embed_queries=lm_tasks.query_formatter(hparams.task, encoder),
-        temperature=hparams.task.policy.temperature).to(device)
+        ref_policy = Policy(
+            m, scope='ref_policy',
+            embed_queries=lm_tasks.query_formatter(hparams.task, encoder),
+            temperature=hparams.task.policy.temperature).to(device)
 
-    policy = Policy(
-        m, scope='policy',
-        embed_queries=lm_tasks.query_formatter(hparams.task, encoder),
-        temperature=hparams.task.policy.temperature).to(device)
+        policy = Policy(
+            m, scope='policy',
+            embed_queries=lm_tasks.query_formatter(hparams.task, encoder),
+            temperature=hparams.task.policy.temperature).to(device)
 
-    # Only the policy is trained.
-    score_model.requires_grad_(False)
-    ref_policy.requires_grad_(False)
+        # Only the policy is trained.
+        score_model.requires_grad_(False)
+        ref_policy.requires_grad_(False)
 
-    query_sampler = lm_tasks.make_query_sampler(
-        hparams=hparams.task, encoder=encoder,
-        batch_size=utils.exact_div(hparams.ppo.batch_size, utils.get_world_size()),
-    )
+        query_sampler = lm_tasks.make_query_sampler(
+            hparams=hparams.task, encoder=encoder,
+            batch_size=utils.exact_div(hparams.ppo.batch_size, utils.get_world_size()),
+        )
 
-    per_rank_minibatch_size = utils.exact_div(hparams.ppo.batch_size, hparams.ppo.nminibatches * utils.get_world_size())
-    if hparams.ppo.whiten_rewards and per_rank_minibatch_size < 8:
-        raise ValueError(f"Per-rank minibatch size {per_rank_minibatch_size} is insufficient for whitening "
-                         f"(ppo.batch_size / (ppo.nminibatches * ranks) must be >= 8)")
+        per_rank_minibatch_size = utils.exact_div(hparams.ppo.batch_size, hparams.ppo.nminibatches * utils.get_world_size())
+        if hparams.ppo.whiten_rewards and per_rank_minibatch_size < 8:
+            raise ValueError(f"Per-rank minibatch size {per_rank_minibatch_size} is insufficient for whitening "
+                             f"(ppo.batch_size / (ppo.nminibatches * ranks) must be >= 8)")
 
-    ppo_trainer = PPOTrainer(
-        policy=policy, ref_policy=ref_policy, query_sampler=query_sampler,
-        score_fn=make_score_fn(hparams.task, score_model=score_model, microbatch_size=hparams.run.microbatch_size),
-        hparams=hparams)
+        ppo_trainer = PPOTrainer(
+            policy=policy, ref_policy=ref_policy, query_sampler=query_sampler,
+            score_fn=make_score_fn(hparams.task, score_model=score_model, microbatch_size=hparams.run.microbatch_size),
+            hparams=hparams, run=run)
 
-    if utils.is_root() and save_dir:
-        print(f"Will save to {save_dir}")
-    if hparams.run.wandb and utils.is_root():
-        ppo_trainer.wandb_run = _wandb_init(hparams)
+        # sync_models: every rank starts from rank 0's weights (for random 'test' models they differ).
+        utils.sync_params(list(score_model.parameters()) + list(ref_policy.parameters()) + list(policy.parameters()))
 
-    # sync_models: every rank starts from rank 0's weights (for random 'test' models they differ).
-    utils.sync_params(list(score_model.parameters()) + list(ref_policy.parameters()) + list(policy.parameters()))
+        # Ours: continue from the last training state in the save dir, if any.
+        state = run.resume(modules=dict(policy=policy), optimizer=ppo_trainer.optimizer,
+                           samplers=dict(query=ppo_trainer.query_sampler), model=(policy, m.hparams(), m.encoding))
+        if state:
+            ppo_trainer.global_step = state.step
+            ppo_trainer.kl_ctl.value = state.extra['kl_coef']
 
-    saved_step = None
+        def save():
+            """The model checkpoint (as the original) and ours, the training state for resuming (policy,
+            Adam, step, KL coefficient, query position, every rank's RNGs; see utils/run.py)."""
+            run.save(ppo_trainer.global_step, extra=dict(kl_coef=ppo_trainer.kl_ctl.value),
+                     done=ppo_trainer.global_step == nupdates(hparams))
 
-    def save_model():
-        checkpoints.save_checkpoint(policy_dir, ppo_trainer.global_step, policy,
-                                       hparams=m.hparams(), encoding=m.encoding)
+        # Ours: the original's `finally: save()`, Ctrl-C, the learning curves and a summary (utils/run.py).
+        with run.training(step=lambda: ppo_trainer.global_step, save=save):
+            while ppo_trainer.global_step < nupdates(hparams):
+                ppo_trainer.step()
+                ppo_trainer.global_step += 1
 
-    def save():
-        """The model checkpoint (as the original) and ours, the training state for resuming (policy,
-        Adam, step, KL coefficient, query position, RNGs of every rank; see utils/checkpointing.py).
-        Collective; called between PPO batches only."""
-        nonlocal saved_step
-        if save_dir and saved_step != ppo_trainer.global_step:
-            checkpointing.save_train_state(
-                policy_dir, ppo_trainer.global_step, modules=dict(policy=policy), optimizer=ppo_trainer.optimizer,
-                samplers=dict(query=ppo_trainer.query_sampler), extra=dict(kl_coef=ppo_trainer.kl_ctl.value),
-                save_model=save_model)
-            saved_step = ppo_trainer.global_step
-
-    # Ours: continue from the last training state in the save dir, if any.
-    state = save_dir and checkpointing.load_latest_train_state(
-        policy_dir, modules=dict(policy=policy), optimizer=ppo_trainer.optimizer,
-        samplers=dict(query=ppo_trainer.query_sampler))
-    if state:
-        ppo_trainer.global_step = saved_step = state.step
-        ppo_trainer.kl_ctl.value = state.extra['kl_coef']
-        checkpointing.drop_stats_from(ppo_trainer.stats_jsonl, state.step)  # the steps after it are redone
-        ppo_trainer.summary_writer = utils.purge_summaries_from(ppo_trainer.summary_writer, state.step)
-        if utils.is_root():
-            print(f'resuming from {state.path} (step {state.step})')
-
-    try:
-        while ppo_trainer.global_step < nupdates(hparams):
-            ppo_trainer.step()
-            ppo_trainer.global_step += 1
-
-            if ppo_trainer.global_step % hparams.run.save_interval == 0:
-                save()
-        save()
-    except (utils.NonFiniteError, checkpointing.CheckpointWriteError):
-        raise  # nothing more is written: no non-finite values, and a failed save would only fail again
-    except BaseException:
-        # The original's `finally: save()`: rank 0 keeps the weights reached so far. Only the model
-        # checkpoint: a training state is written between PPO batches, on every rank, and this one
-        # may be mid-batch or alone (its peers gone).
-        if save_dir and utils.is_root() and saved_step != ppo_trainer.global_step:
-            save_model()
-        raise
-    finally:
-        if ppo_trainer.summary_writer is not None:
-            ppo_trainer.summary_writer.close()
-        if ppo_trainer.wandb_run is not None:
-            ppo_trainer.wandb_run.finish()
-    if save_dir and utils.is_root():
-        plots.plot_learning_curves(save_dir)  # ours: <save_dir>/train_policy_curves.png (and the reward model's)
-
-
-def _wandb_init(hparams):
-    """Ours: a Weights & Biases run logging the same stats as TensorBoard (WANDB_MODE=offline works
-    without an account). wandb is optional, so it is imported only here."""
-    try:
-        import wandb
-    except ImportError:
-        raise ImportError('run.wandb is on but the wandb package is not installed (pip install wandb)') from None
-    save_dir = hparams.run.save_dir
-    return wandb.init(project=hparams.run.wandb_project, config=hparams.to_nested_dict(), dir=save_dir,
-                      name=os.path.basename(os.path.normpath(save_dir)) if save_dir else None)
+                if ppo_trainer.global_step % hparams.run.save_interval == 0:
+                    save()

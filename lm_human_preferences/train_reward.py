@@ -7,7 +7,6 @@ original are commented where they happen and listed in PORTING.md.
 """
 
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -15,11 +14,12 @@ import numpy as np
 import torch
 
 from lm_human_preferences import label_types, lm_tasks, rewards
-from lm_human_preferences.language import checkpoints, trained_models
+from lm_human_preferences.language import trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import checkpointing
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import gcs, hyperparams, plots
+from lm_human_preferences.utils import gcs, hyperparams
+from lm_human_preferences.utils.run import Progress, Run
 
 
 @dataclass
@@ -41,6 +41,9 @@ class RunHParams(hyperparams.HParams):
     # Ours: Weights & Biases logging (train_policy, which reuses this struct as the original did, logs).
     wandb: bool = False
     wandb_project: str = 'lm-human-preferences'
+    # Ours: model checkpoints kept in the save dir (the original's Saver max_to_keep); training states
+    # keep the last 3.
+    keep_checkpoints: int = 20
     # Ours: at most this many sequences in any forward or backward pass of a model (sampling, logprobs,
     # scoring, the PPO and reward-model losses, evaluation), to fit memory; None: no split. Results are
     # the same up to fp32 rounding (the sampled tokens too): only memory and speed change.
@@ -144,9 +147,10 @@ def download_labels(source, label_type, question_schemas, total_labels, *, n_voc
 
 
 class RewardModelTrainer():
-    def __init__(self, *, reward_model, policy, query_sampler, hparams):
+    def __init__(self, *, reward_model, policy, query_sampler, hparams, run=None):
         """reward_model: a rewards.RewardModelTrainer on utils.get_device(). policy (the frozen initial
-        policy) and query_sampler are only used to normalize; None when neither normalization is on."""
+        policy) and query_sampler are only used to normalize; None when neither normalization is on.
+        run (ours): the utils/run.Run that logs, saves and resumes (None: one that saves nothing)."""
         self.reward_model = reward_model
 
         self.policy = policy
@@ -173,9 +177,7 @@ class RewardModelTrainer():
         self.train_buffer = utils.SampleBuffer(capacity=hparams.labels.num_train, schemas=data_schemas)
         self.held_out_labels = None
 
-        save_dir = hparams.run.save_dir
-        self.summary_writer = utils.get_summary_writer(save_dir, subdir='reward_model')
-        self.stats_path = os.path.join(save_dir, 'train_reward_stats.jsonl') if save_dir else None
+        self.run = run if run is not None else Run(hparams, 'train_reward')
 
         # The original's utils.minimize: gradients all-reduce-averaged over ranks, then TF1 Adam with
         # epsilon 1e-5 over all reward model params (the reward gain and bias included), no clipping.
@@ -248,8 +250,7 @@ class RewardModelTrainer():
         # The stats averaged over ranks (the original's FlatStats mpi_allreduce_mean), in float64 (the
         # original: float32) so that the result does not depend on how the ranks are spread over processes.
         stats = {k: utils.mpi_allreduce_mean([s[k].double() for s in stats]).float() for k in stats[0]}
-        return utils.record_stats(stats=stats, summary_writer=self.summary_writer, step=step,
-                                  log_interval=self.hparams.run.log_interval, jsonl_path=self.stats_path)
+        return self.run.stats.log(stats, step)
 
     def target_mean_std(self):
         """Returns the means and variances to target for each reward model"""
@@ -311,7 +312,18 @@ class RewardModelTrainer():
         """For each rank this process carries, in its section, its samples: n_samples in total, each rank
         ceil(n / rollout_batch_size) batches of its rollout_batch_size / num_ranks queries, as the original."""
         n_batches = utils.ceil_div(n_samples, self.hparams.rollout_batch_size)
-        return utils.for_each_rank(lambda: [self.sample_policy_batch() for _ in range(n_batches)])
+        # Ours: a progress line per batch.
+        printing, progress = utils.is_root(), Progress(n_batches * len(utils.local_ranks()))
+
+        def rank_batches():
+            batches = []
+            for _ in range(n_batches):
+                batches.append(self.sample_policy_batch())
+                progress.done += 1
+                if printing and progress.tenth():
+                    print(f'[normalize sampling {progress()}]')
+            return batches
+        return utils.for_each_rank(rank_batches)
 
     def normalize(self, sample_fn, target_means, target_stds):
         """Returns dict(before=(mean, std), target=(mean, std), after=(mean, std) or None) (ours, for
@@ -362,8 +374,7 @@ class RewardModelTrainer():
             results[f'{name}/accuracy'] = totals[2].item() / count
         if utils.is_root():
             print(f'{name} on {int(count)} labels: ' + ', '.join(f'{k} = {v:.6g}' for k, v in results.items()))
-        utils.record_stats(stats=results, summary_writer=self.summary_writer, step=self.global_step,
-                           log_interval=1, jsonl_path=self.stats_path)
+        self.run.stats.log(results, self.global_step, log_interval=1)
         return results
 
     def train(self):
@@ -407,6 +418,7 @@ class RewardModelTrainer():
             print("training on", self.hparams.labels.num_train, "in batches of", per_rank_batch_size,
                   "per rank")
         num_batches = utils.exact_div(self.hparams.labels.num_train, self.hparams.batch_size)
+        progress = Progress(num_batches, start=self.global_step)  # ours
         while self.global_step < num_batches:
             start_index = self.global_step * self.hparams.batch_size
             end_index = start_index + self.hparams.batch_size
@@ -414,6 +426,9 @@ class RewardModelTrainer():
             our_indices = [all_ranks_indices[rank::self.num_ranks] for rank in utils.local_ranks()]
             lr = (1 - start_index / self.hparams.labels.num_train) * self.hparams.lr
             results['train'] = self.train_batch(our_indices, lr)
+            progress.done = self.global_step
+            if utils.is_root() and self.global_step % self.hparams.run.log_interval == 0:
+                print(f'[reward_step {progress()}]')  # ours
             # Ours: the original saved only at the end; a training state every save_interval batches.
             if self.global_step % self.hparams.run.save_interval == 0:
                 self.save(done=False)
@@ -433,107 +448,72 @@ class RewardModelTrainer():
         return results
 
     def save(self, *, done=True):
-        """The only place that saves; collective. Writes the training state for resuming (ours: model,
-        Adam, step, label order, query position, RNGs; see utils/checkpointing.py) into
-        <save_dir>/reward_model/train_state, and when done (at the end, as the original) first
-        <save_dir>/reward_model/checkpoints/model-<global_step>.safetensors (model, reward head,
-        reward_norm gain/bias) with its hparams.json and encoding."""
-        save_dir = self.hparams.run.save_dir
-        if not save_dir:
-            return
-        model_dir = os.path.join(save_dir, 'reward_model')
-
-        def save_model():
-            checkpoints.save_checkpoint(
-                model_dir, self.global_step, self.reward_model,
-                hparams=self.reward_model.hparams, encoding=self.reward_model.trained_model.encoding)
-        checkpointing.save_train_state(
-            model_dir, self.global_step, modules=dict(reward_model=self.reward_model), optimizer=self.optimizer,
-            samplers={} if self.query_sampler is None else dict(query=self.query_sampler),
-            extra=dict(train_indices=self.train_indices, results=self.results, done=done),
-            save_model=save_model if done else None)
+        """The only place that saves; collective. Ours: the training state for resuming (model, Adam, step,
+        label order, query position, RNGs; see utils/run.py) every save_interval batches, and when done
+        (at the end, as the original) also <save_dir>/reward_model/checkpoints/model-<global_step>.safetensors
+        (model, reward head, reward_norm gain/bias) with its hparams.json and encoding."""
+        self.run.save(self.global_step, extra=dict(train_indices=self.train_indices, results=self.results),
+                      model=done, done=done)
         self.done = done
 
     def resume(self):
         """Ours: restore the newest valid training state of <save_dir>/reward_model, if any (see save()).
         Returns whether there was one."""
-        save_dir = self.hparams.run.save_dir
-        state = save_dir and checkpointing.load_latest_train_state(
-            os.path.join(save_dir, 'reward_model'), modules=dict(reward_model=self.reward_model),
-            optimizer=self.optimizer, samplers={} if self.query_sampler is None else dict(query=self.query_sampler))
+        state = self.run.resume(
+            modules=dict(reward_model=self.reward_model), optimizer=self.optimizer,
+            samplers={} if self.query_sampler is None else dict(query=self.query_sampler),
+            model=(self.reward_model, self.reward_model.hparams, self.reward_model.trained_model.encoding))
         if not state:
             return False
         self.global_step = state.step
         self.train_indices = state.extra['train_indices']
         self.results = state.extra['results']
         self.done = state.extra['done']
-        if not self.done:
-            checkpointing.drop_stats_from(self.stats_path, state.step)  # the steps after it are redone
-            self.summary_writer = utils.purge_summaries_from(self.summary_writer, state.step)
-        if utils.is_root():
-            print(f'resuming reward model training from {state.path} (step {state.step}'
-                  f'{", already finished" if self.done else ""})')
         return True
 
 
 def train(hparams: HParams):
     """Train a reward model; returns RewardModelTrainer.train()'s results (ours; the original: None).
     Ours: rerun with the same hparams and save dir, it resumes from the last training state there."""
-    if hparams.run.save_dir:
-        # Ours: a save dir holding another run is refused before anything is written into it.
-        checkpointing.check_resume_compatible(hparams.run.save_dir, hparams.to_nested_dict(),
-                                              'train_reward_hparams.json')
-    if utils.is_root():
-        hyperparams.dump(hparams)
-    utils.set_mpi_seed(hparams.run.seed)
+    # Ours: the save dir (locked; a dir holding another run is refused), its files and stats (utils/run.py).
+    with Run(hparams, 'train_reward') as run:
+        utils.set_mpi_seed(hparams.run.seed)
 
-    m = trained_models.TrainedModel(hparams.task.policy.initial_model)
-    encoder = m.encoding.get_encoder()
-    if utils.is_root():
-        hyperparams.dump(m.hparams(), name='model_hparams')
-    device = utils.get_device()
+        m = trained_models.TrainedModel(hparams.task.policy.initial_model)
+        encoder = m.encoding.get_encoder()
+        device = utils.get_device()
 
-    # The frozen initial policy and the query stream only serve the normalizations; the original built
-    # them always (TF built graphs lazily, so its query dataset was never read without normalization).
-    ref_policy = query_sampler = None
-    if hparams.normalize_before or hparams.normalize_after:
-        ref_policy = Policy(
-            m, scope='ref_policy',
-            embed_queries=lm_tasks.query_formatter(hparams.task, encoder),
-            temperature=hparams.task.policy.temperature).to(device)
-        ref_policy.requires_grad_(False)
+        # The frozen initial policy and the query stream only serve the normalizations; the original built
+        # them always (TF built graphs lazily, so its query dataset was never read without normalization).
+        ref_policy = query_sampler = None
+        if hparams.normalize_before or hparams.normalize_after:
+            ref_policy = Policy(
+                m, scope='ref_policy',
+                embed_queries=lm_tasks.query_formatter(hparams.task, encoder),
+                temperature=hparams.task.policy.temperature).to(device)
+            ref_policy.requires_grad_(False)
 
-    reward_model = rewards.RewardModelTrainer(m).to(device)
+        reward_model = rewards.RewardModelTrainer(m).to(device)
 
-    if ref_policy is not None:
-        query_sampler = lm_tasks.make_query_sampler(
-            hparams=hparams.task, encoder=encoder,
-            batch_size=utils.exact_div(hparams.rollout_batch_size, utils.get_world_size())
+        if ref_policy is not None:
+            query_sampler = lm_tasks.make_query_sampler(
+                hparams=hparams.task, encoder=encoder,
+                batch_size=utils.exact_div(hparams.rollout_batch_size, utils.get_world_size())
+            )
+
+        reward_trainer = RewardModelTrainer(
+            reward_model=reward_model,
+            policy=ref_policy,
+            query_sampler=query_sampler,
+            hparams=hparams,
+            run=run,
         )
 
-    reward_trainer = RewardModelTrainer(
-        reward_model=reward_model,
-        policy=ref_policy,
-        query_sampler=query_sampler,
-        hparams=hparams,
-    )
+        # Every rank starts from rank 0's weights (the original's variable_synchronizer).
+        if ref_policy is not None:
+            utils.sync_params(ref_policy)
+        utils.sync_params(reward_model)
 
-    save_dir = hparams.run.save_dir
-    if utils.is_root() and save_dir:
-        print(f"Will save to {save_dir}")
-        os.makedirs(os.path.join(save_dir, 'reward_model'), exist_ok=True)
-        hyperparams.save_json(hparams, os.path.join(save_dir, 'train_reward_hparams.json'))
-
-    # Every rank starts from rank 0's weights (the original's variable_synchronizer).
-    if ref_policy is not None:
-        utils.sync_params(ref_policy)
-    utils.sync_params(reward_model)
-
-    results = reward_trainer.train()
-    if not reward_trainer.done:  # a run resumed after it finished has nothing to save
-        reward_trainer.save()
-    if reward_trainer.summary_writer is not None:
-        reward_trainer.summary_writer.close()
-    if save_dir and utils.is_root():
-        plots.plot_learning_curves(save_dir)  # ours: <save_dir>/train_reward_curves.png
-    return results
+        # Ours: the final save (as the original's, at the end), Ctrl-C, the curves and a summary.
+        with run.training(step=lambda: reward_trainer.global_step, save=reward_trainer.save):
+            return reward_trainer.train()

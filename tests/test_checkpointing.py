@@ -224,15 +224,6 @@ def test_full_disk_keeps_earlier_states(tmp_path, monkeypatch, fail_in):
     assert net2.gain.item() == 3
 
 
-def test_drop_stats_from(tmp_path):
-    path = tmp_path / 'stats.jsonl'
-    path.write_text(''.join(json.dumps({'step': i, 'loss': i / 2}) + '\n' for i in range(5)) + '{"step": 5, "lo')
-    ckpt.drop_stats_from(str(path), 3)  # resumed at step 3: steps 3, 4 and the line cut by the kill go
-    assert [json.loads(line)['step'] for line in path.read_text().splitlines()] == [0, 1, 2]
-    ckpt.drop_stats_from(str(tmp_path / 'absent.jsonl'), 3)
-    assert not (tmp_path / 'absent.jsonl').exists()
-
-
 def test_atomic_write_failure_leaves_old_content(tmp_path, monkeypatch):
     path = tmp_path / 'f.bin'
     files.atomic_write(str(path), b'old')

@@ -215,7 +215,7 @@ def test_train_reward_resumes_after_sigkill(tmp_path):
 
     code, out, err = finish(launch_cli('train_reward', tmp_path / 'killed', args))
     assert code == 0, err[-3000:]
-    assert f'resuming reward model training from {reward_dir}/train_state/state-' in out
+    assert f'train_reward: resuming from {reward_dir}/train_state/state-' in out
 
     # Same final reward model (its normalize_after gain/bias too: same query stream and RNG draws),
     # same Adam state and results.
@@ -251,9 +251,9 @@ def test_train_policy_resumes_after_sigkill_from_the_last_valid_state(tmp_path):
     code, out, err = finish(launch_cli('train_policy', tmp_path / 'killed', args))
     assert code == 0, err[-3000:]
     assert f'skipping training state {killed_at} in {policy_dir}/train_state' in err
-    assert f'resuming from {policy_dir}/train_state/state-{killed_at - 1}.json (step {killed_at - 1})' in out
+    assert f'train_policy: resuming from {policy_dir}/train_state/state-{killed_at - 1}.json (step {killed_at - 1})' in out
     # The reward model had finished: it is not trained again.
-    assert 'reward model training from' in out and 'already finished' in out
+    assert 'train_reward: resuming from' in out and 'already finished' in out
 
     whole_dir = tmp_path / 'whole' / NAME / 'policy'
     assert_same_tensors(whole_dir / 'checkpoints' / 'model-30.safetensors', policy_dir / 'checkpoints' / 'model-30.safetensors')

@@ -1,25 +1,25 @@
-"""Resumable training state, atomic file writes, run compatibility and non-finite checks (ours: the
-original could not resume).
+"""Resumable training state and run compatibility (ours: the original could not resume).
 
 The original saved only model weights (tf.train.Saver) and always started from scratch. A long RLHF run
 dies to preemption, a full disk or a crashed worker, so both trainers also save their full *training
-state* here, from their one save function, and pick it up again when the same command is rerun:
+state* here (through utils/run.py), and pick it up again when the same command is rerun:
 
     <dir>/train_state/state-<step>.safetensors   tensors: `modules.<name>.<state_dict key>` for each
-                                                 module, `optimizer.<param index>.<key>` (Adam m, v),
-                                                 `extra.<key>` for tensors among the trainer's extras
+                                                 module not in a model checkpoint of the same step,
+                                                 `optimizer.<param index>.<key>` (Adam m, v), `extra.<key>`
+                                                 for tensors among the trainer's extras
     <dir>/train_state/state-<step>.json          everything else (step, the trainer's scalar extras such
                                                  as the KL coefficient, optimizer param groups, how many
                                                  batches each query sampler has drawn, the random
-                                                 streams of every rank and of the processes), the
-                                                 sha256 of the .safetensors file
-                                                 and a sha256 of the JSON itself
+                                                 streams of every rank and of the processes, the model
+                                                 checkpoints holding module weights), the sha256 of the
+                                                 .safetensors file and a sha256 of the JSON itself
 
 The .json is written last and is the commit marker: a step whose .json is absent does not exist. Both
-files are written atomically (temporary file, fsync, rename, fsync of the directory); the last
-`keep` states are kept. On load, the newest state whose checksums verify is used; every newer one that
-does not is skipped with a warning, never loaded. Nothing is unpickled: tensors come from safetensors,
-the rest from JSON, and a pickle / torch.save file is refused by its first bytes.
+files are written atomically (utils/files.py); the last `keep` states are kept. On load, the newest
+state whose checksums verify (those of the model checkpoints it refers to too) is used; every newer one
+that does not is skipped with a warning, never loaded. Nothing is unpickled: tensors come from
+safetensors, the rest from JSON, and a pickle / torch.save file is refused by its first bytes.
 
 Resuming restores the exact RNG streams: the trainers rebuild everything as a fresh run would, then
 `load_latest_train_state` replays the query samplers to their saved positions and only after that
@@ -40,8 +40,8 @@ from typing import Any, Callable, Dict, Optional
 import numpy as np
 import torch
 
-from lm_human_preferences.utils import core, ranks
-from lm_human_preferences.utils import files
+from lm_human_preferences.language import checkpoints
+from lm_human_preferences.utils import core, files, ranks
 
 TRAIN_STATE_SUBDIR = 'train_state'
 FORMAT = 'lm_human_preferences train state v2'
@@ -219,8 +219,9 @@ def save_train_state(save_dir, step, *, modules: Dict[str, torch.nn.Module], opt
     Collective over processes, outside the rank sections: every rank's random streams are gathered to
     process 0, which alone writes. extra: the trainer's own state, JSON-able values plus torch / numpy
     arrays. Modules and the optimizer are the same for every rank (gradients are averaged). save_model:
-    called on process 0 before the state is written (the trainers write their model checkpoint with it,
-    so a state never exists without the checkpoint of its step). On a failed write (e.g. a full disk)
+    called on process 0 before the state is written, it writes the model checkpoint of this step and
+    returns {module name: its checkpoint file} for the modules it holds, whose weights the state then
+    refers to (language/checkpoints.py verifies them on load). On a failed write (e.g. a full disk)
     every process raises CheckpointWriteError naming the file and errno; earlier states and checkpoints
     stay intact. Returns the path of the .json on process 0, None elsewhere.
     """
@@ -231,9 +232,12 @@ def save_train_state(save_dir, step, *, modules: Dict[str, torch.nn.Module], opt
     error = root_error = sidecar_path = None
     if core.is_root():
         try:
-            tensors, json_state = _tensor_state(modules, optimizer, extra)
-            if save_model is not None:
-                _save_model(save_model, save_dir)
+            # The weights of a module that save_model wrote as a model checkpoint are read back from it
+            # on resume instead of being stored a second time.
+            model_files = _save_model(save_model, save_dir) if save_model is not None else {}
+            tensors, json_state = _tensor_state({k: m for k, m in modules.items() if k not in model_files},
+                                                optimizer, extra)
+            json_state['module_checkpoints'] = {k: os.path.relpath(p, save_dir) for k, p in model_files.items()}
             sidecar_path = _write_train_state(save_dir, step, tensors, dict(
                 json_state,
                 format=FORMAT,
@@ -263,7 +267,7 @@ def _one_line(e: OSError):
 
 def _save_model(save_model, save_dir):
     try:
-        save_model()
+        return save_model()
     except OSError as e:
         err = CheckpointWriteError(f'could not save the model checkpoint in {save_dir}: {_one_line(e)} '
                                    f'(earlier checkpoints are kept)')
@@ -351,7 +355,25 @@ def _verified_sidecar(state_dir, step):
         raise CheckpointError(f'{tensors_path} has {size} bytes, expected {sidecar["tensors_bytes"]} (truncated?)')
     if _sha256_file(tensors_path) != sidecar['tensors_sha256']:
         raise CheckpointError(f'{tensors_path}: checksum mismatch (the file is corrupt)')
+    for path in sidecar['module_checkpoints'].values():  # the weights the state refers to
+        try:
+            checkpoints.load_checkpoint(os.path.join(os.path.dirname(state_dir), path))
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f'{sidecar_path} refers to a model checkpoint that fails: {e}') from None
     return sidecar
+
+
+def referenced_checkpoint_steps(save_dir):
+    """The steps of the model checkpoints that save_dir's training states refer to (not to be pruned)."""
+    steps = set()
+    for step in train_state_steps(save_dir):
+        try:
+            with open(_paths(os.path.join(save_dir, TRAIN_STATE_SUBDIR), step)[1]) as f:
+                refs = json.load(f).get('module_checkpoints', {}).values()
+        except (OSError, ValueError):
+            continue
+        steps.update(int(m.group(1)) for m in (re.search(r'model-(\d+)\.safetensors$', p) for p in refs) if m)
+    return steps
 
 
 def _choose_train_state(save_dir):
@@ -423,8 +445,11 @@ def load_latest_train_state(save_dir, *, modules: Dict[str, torch.nn.Module], op
         raise CheckpointError(f'{tensors_path} is not a valid safetensors file: {e}') from None
 
     for name, module in modules.items():
-        prefix = f'modules.{name}.'
-        state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        if name in sidecar['module_checkpoints']:  # its weights are in the model checkpoint of this step
+            state = checkpoints.load_checkpoint(os.path.join(save_dir, sidecar['module_checkpoints'][name]))
+        else:
+            prefix = f'modules.{name}.'
+            state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
         _check_keys(source, f'{name} tensor', state, module.state_dict())
         module.load_state_dict(state)
 
@@ -460,24 +485,6 @@ def load_latest_train_state(save_dir, *, modules: Dict[str, torch.nn.Module], op
     return TrainState(step=step, extra=extra, path=source)
 
 
-def drop_stats_from(jsonl_path, step):
-    """Remove the lines of a stats .jsonl (`{"step": ...}` per line) logged at `step` or later, and a line
-    cut off by a kill: a run resumed at `step` logs those steps again. Rank 0 only, atomic."""
-    if not core.is_root() or not jsonl_path or not os.path.exists(jsonl_path):
-        return
-
-    def logged_before(line):
-        try:
-            return json.loads(line)['step'] < step
-        except (ValueError, KeyError, TypeError):
-            return False
-    with open(jsonl_path, 'rb') as f:
-        lines = f.read().splitlines(keepends=True)
-    keep = [line for line in lines if line.endswith(b'\n') and logged_before(line)]
-    if len(keep) != len(lines):
-        files.atomic_write(jsonl_path, b''.join(keep))
-
-
 # ---------------------------------------------------------------------------------------------------
 # Checks
 
@@ -502,23 +509,10 @@ def check_resume_compatible(save_dir, hparams_dict, filename, *, ignore=()):
     holds other hparams than hparams_dict (ours, to_nested_dict()).
 
     Every field must match except `run.save_dir` (and paths inside it, compared relative to it) and the
-    dotted keys in `ignore` (fields the trainer derives from the save dir later): a resumed run must be
-    the same run, or its results would mix two configurations. Collective: rank 0 reads the file and
-    every rank returns or raises the same.
+    fields named in `ignore` (dotted keys, matched as the key or its last parts, e.g. `run.wandb` matches
+    `rewards.train_new_model.run.wandb`): a resumed run must be the same run, or its results would mix
+    two configurations. Not collective: utils/run.py calls it on one process.
     """
-    result = None
-    if core.is_root():
-        try:
-            result = _check_resume_compatible(save_dir, hparams_dict, filename, ignore)
-        except IncompatibleRunError as e:
-            result = str(e)
-    result = core.mpi_bcast(result)
-    if isinstance(result, str):
-        raise IncompatibleRunError(result)
-    return result
-
-
-def _check_resume_compatible(save_dir, hparams_dict, filename, ignore):
     path = os.path.join(save_dir, filename)
     if not os.path.exists(path):
         return False
@@ -530,7 +524,8 @@ def _check_resume_compatible(save_dir, hparams_dict, filename, ignore):
     theirs = _comparable(saved, None)
     ours = _comparable(hparams_dict, save_dir)
     diffs = sorted(k for k in set(theirs) | set(ours)
-                   if k not in ignore and theirs.get(k, '<unset>') != ours.get(k, '<unset>'))
+                   if not any(k == i or k.endswith('.' + i) for i in ignore)
+                   and theirs.get(k, '<unset>') != ours.get(k, '<unset>'))
     if diffs:
         k = diffs[0]
         more = f' (and {len(diffs) - 1} more differences)' if len(diffs) > 1 else ''

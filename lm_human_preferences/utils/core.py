@@ -13,7 +13,6 @@ What replaced the original's TF1 graph machinery (details in PORTING.md):
 """
 
 import collections.abc
-import json
 import math
 import os
 import sys
@@ -701,8 +700,9 @@ class FlatStats:
         return FlatStats(self.keys, f(self.flat))
 
 
-def get_summary_writer(save_dir, subdir=''):
-    """A TensorBoard writer under <save_dir>/tb/<subdir> on rank 0; None elsewhere or without a save_dir."""
+def get_summary_writer(save_dir, subdir='', purge_step=None):
+    """A TensorBoard writer under <save_dir>/tb/<subdir> on rank 0; None elsewhere or without a save_dir.
+    purge_step (ours, for a resumed run): TensorBoard hides the events this dir holds from that step on."""
     if not is_root() or save_dir is None:
         return None
     # tensorboard uses TensorFlow's file I/O when TensorFlow is importable (here: tensorflow-cpu, for the
@@ -710,18 +710,7 @@ def get_summary_writer(save_dir, subdir=''):
     if 'tensorflow' not in sys.modules:
         sys.modules.setdefault('tensorboard.compat.notf', types.ModuleType('tensorboard.compat.notf'))
     from torch.utils.tensorboard import SummaryWriter  # imported lazily: it pulls in tensorboard
-    return SummaryWriter(os.path.join(save_dir, 'tb', subdir))
-
-
-def purge_summaries_from(summary_writer, step):
-    """A writer for a run resumed at `step`, which logs that step and the later ones again: TensorBoard then
-    hides the events at or after `step` that the interrupted run wrote (drop_stats_from does it for
-    the JSONL). None stays None (not rank 0, or no save_dir)."""
-    if summary_writer is None:
-        return None
-    from torch.utils.tensorboard import SummaryWriter
-    summary_writer.close()
-    return SummaryWriter(summary_writer.log_dir, purge_step=step)
+    return SummaryWriter(os.path.join(save_dir, 'tb', subdir), purge_step=purge_step)
 
 
 def _to_float(v):
@@ -730,10 +719,10 @@ def _to_float(v):
     return float(v)
 
 
-def record_stats(*, stats, summary_writer, step, log_interval, jsonl_path=None):
+def record_stats(*, stats, summary_writer, step, log_interval):
     """Log stats (dict of name -> scalar, already averaged over ranks) on the process that carries rank 0:
-    print a table every log_interval steps, write every step to TensorBoard and append
-    `{"step": step, **stats}` to jsonl_path. Returns the dict of floats (on every process)."""
+    print a table every log_interval steps and write every step to TensorBoard. Returns the dict of floats
+    (on every process). utils/run.py's StatsLog adds the JSONL file and wandb."""
     means = {k: _to_float(v) for k, v in stats.items()}
     step = int(step)
     if not is_root():
@@ -744,10 +733,6 @@ def record_stats(*, stats, summary_writer, step, log_interval, jsonl_path=None):
         for k, v in means.items():
             summary_writer.add_scalar(k, v, global_step=step)
         summary_writer.flush()
-    if jsonl_path is not None:
-        os.makedirs(os.path.dirname(os.path.abspath(jsonl_path)), exist_ok=True)
-        with open(jsonl_path, 'a') as f:
-            f.write(json.dumps({'step': step, **means}) + '\n')
     return means
 
 

@@ -1,0 +1,402 @@
+"""A trainer's run in its save dir (ours: the original's trainers wrote their few files themselves and
+could not resume). `train_reward` and `train_policy` use one `Run` the same way:
+
+    with Run(hparams, 'train_policy') as run:  # the save dir locked, stale temporaries removed, hparams
+                                               # checked against a run already there, then written
+        ... build the models, as the original ...
+        state = run.resume(modules=..., optimizer=..., samplers=..., model=...)  # newest valid state or None
+        with run.training(step=lambda: step, save=...):  # Ctrl-C, errors, final save, curves, summary
+            ... the original's loop, logging through run.stats.log(stats, step) and calling
+            run.save(step, extra=...) every run.save_interval steps ...
+
+What a save dir holds for a trainer (<scope> is `reward_model` or `policy`):
+
+    <save_dir>/.lock                         held (flock) by the process that carries rank 0
+    <save_dir>/<kind>_hparams.json           the run's hparams (a rerun with other values is refused)
+    <save_dir>/<kind>_stats.jsonl            one JSON line per logged step
+    <save_dir>/tb/<scope or ppo>/            TensorBoard events
+    <save_dir>/<kind>_curves.png             learning curves, at the end
+    <save_dir>/<scope>/checkpoints/          model checkpoints, the last run.keep_checkpoints kept
+    <save_dir>/<scope>/train_state/          training states for resuming (utils/checkpointing.py)
+
+One rewind rule for every stats sink: a run resumed at step M logs steps M, M+1, ... again, so the
+JSONL lines from step M on are dropped (and a last line cut off by a kill, with a warning) and
+TensorBoard hides its events from step M on (purge_step); a run that had saved no state yet starts
+from step 0 and drops all of them. wandb cannot delete points: a resumed run continues the same wandb
+run, which keeps the first value of each step (the redone steps compute the same values: resuming is
+exact).
+"""
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+import uuid
+import warnings
+from typing import Callable, Dict, Optional
+
+import torch
+
+from lm_human_preferences.language import checkpoints
+from lm_human_preferences.utils import checkpointing, core, files, hyperparams, plots, ranks
+
+SCOPES = dict(train_reward='reward_model', train_policy='policy')
+TB_SUBDIRS = dict(train_reward='reward_model', train_policy='ppo')
+# Hparams that change what a run logs or keeps, or its memory use, not its results: a rerun may change
+# them and still resume.
+LOGGING_HPARAMS = ('run.log_interval', 'run.wandb', 'run.wandb_project', 'run.keep_checkpoints',
+                   'run.microbatch_size')
+# The metrics an end-of-run summary shows, when logged.
+SUMMARY_METRICS = dict(train_reward=('loss', 'eval/loss', 'eval/accuracy'),
+                       train_policy=('objective/score', 'objective/kl', 'objective/kl_coef', 'objective/entropy'))
+
+
+class SaveDirInUseError(RuntimeError):
+    """Another process holds the save dir's lock."""
+
+
+class StatsWarning(UserWarning):
+    """A stats file line that was cut off by a kill (dropped)."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# The save dir's lock
+
+_held = {}  # realpath of a lock file -> [open file, holders in this process]
+
+
+@contextlib.contextmanager
+def _locked(save_dir):
+    """Hold <save_dir>/.lock (flock, exclusive) for the block; re-entrant within the process (train_policy
+    trains its reward model in the same save dir). The kernel releases the lock of a process that dies,
+    however it dies, so a stale lock is taken over by the next run."""
+    path = os.path.realpath(os.path.join(save_dir, '.lock'))
+    if path in _held:
+        _held[path][1] += 1
+    else:
+        f = open(path, 'a+')
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip()
+            f.close()
+            try:
+                holder = json.loads(holder)
+                who = f'pid {holder["pid"]} on {holder["host"]}, running `{holder["command"]}`'
+            except (ValueError, KeyError, TypeError):
+                who = 'another process'
+            raise SaveDirInUseError(f'{save_dir} is in use by another run ({who}): wait for it to end, or '
+                                    f'choose another --save_dir') from None
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), command=' '.join(sys.argv))))
+        f.flush()
+        _held[path] = [f, 1]
+    try:
+        yield
+    finally:
+        _held[path][1] -= 1
+        if not _held[path][1]:
+            f = _held.pop(path)[0]
+            fcntl.flock(f, fcntl.LOCK_UN)
+            f.close()
+
+
+def _remove_temporaries(save_dir):
+    """Temporary files (`*.tmp-<pid>`) that killed writers left anywhere in the save dir: with the lock
+    held no writer of ours is at work there."""
+    for directory, _, names in os.walk(save_dir):
+        if any(files.TMP_RE.fullmatch(n) for n in names):
+            files.remove_stale_temporaries(directory)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Stats sinks
+
+class StatsLog:
+    """Where a trainer's stats go, on the process that carries rank 0: the stats table on stdout every
+    log_interval steps and TensorBoard (core.record_stats, as the original), plus ours: one JSON line per
+    step and wandb. Without a save dir only the table is printed."""
+
+    def __init__(self, *, save_dir, kind, log_interval, wandb_run=None):
+        self.save_dir = save_dir
+        self.kind = kind
+        self.log_interval = log_interval
+        self.jsonl_path = os.path.join(save_dir, f'{kind}_stats.jsonl') if save_dir else None
+        self.tb_dir = os.path.join(save_dir, 'tb', TB_SUBDIRS[kind]) if save_dir else None
+        self.wandb_run = wandb_run
+        self.summary_writer = None
+        self.purge_step = None
+        self.last = {}  # the last value of each metric logged
+
+    def log(self, stats, step, *, log_interval=None):
+        """Log stats (name -> scalar, already averaged over ranks) at step; returns them as floats."""
+        if core.is_root() and self.tb_dir and self.summary_writer is None:
+            self.summary_writer = core.get_summary_writer(self.save_dir, subdir=TB_SUBDIRS[self.kind],
+                                                          purge_step=self.purge_step)
+        stats = core.record_stats(stats=stats, summary_writer=self.summary_writer, step=step,
+                                  log_interval=self.log_interval if log_interval is None else log_interval)
+        if core.is_root():
+            if self.jsonl_path:
+                with open(self.jsonl_path, 'a') as f:
+                    f.write(json.dumps({'step': int(step), **stats}) + '\n')
+            if self.wandb_run is not None:
+                self.wandb_run.log(stats, step=int(step))
+        self.last.update(stats)
+        return stats
+
+    def rewind(self, step):
+        """The run goes on from `step`: forget what the interrupted run logged at `step` and after."""
+        self.purge_step = step
+        if core.is_root() and self.jsonl_path and os.path.exists(self.jsonl_path):
+            with open(self.jsonl_path, 'rb') as f:
+                lines = f.read().splitlines(keepends=True)
+            keep = []
+            for line in lines:
+                try:
+                    row = json.loads(line) if line.endswith(b'\n') else None
+                except ValueError:
+                    row = None
+                if row is None:
+                    warnings.warn(f'{self.jsonl_path}: dropping a line cut off by a kill: {line[:80]!r}',
+                                  StatsWarning, stacklevel=2)
+                elif row.get('step', step) < step:
+                    keep.append(line)
+            if len(keep) != len(lines):
+                files.atomic_write(self.jsonl_path, b''.join(keep))
+
+    def close(self):
+        if self.summary_writer is not None:
+            self.summary_writer.close()
+            self.summary_writer = None
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None
+
+
+def _wandb_run(hparams, kind):
+    """A Weights & Biases run for this trainer (ours), on the process that carries rank 0: one per
+    trainer and save dir, grouped by the save dir's name (train_policy's reward phase is the group's
+    train_reward run); a resumed run continues its wandb run (its id is kept in the save dir)."""
+    if not hparams.run.wandb or not core.is_root():
+        return None
+    import wandb  # optional; checked at launch (utils/launch.py check_wandb)
+    save_dir = hparams.run.save_dir
+    name = os.path.basename(os.path.normpath(save_dir)) if save_dir else None
+    run_id = None
+    if save_dir:
+        id_path = os.path.join(save_dir, f'{kind}_wandb_id')
+        if os.path.exists(id_path):
+            with open(id_path) as f:
+                run_id = f.read().strip()
+        else:
+            run_id = uuid.uuid4().hex[:8]  # wandb's id form: 8 lowercase letters and digits
+            files.atomic_write(id_path, run_id.encode())
+    return wandb.init(project=hparams.run.wandb_project, config=hparams.to_nested_dict(), dir=save_dir,
+                      name=f'{name}/{kind}' if name else None, group=name, job_type=kind, id=run_id,
+                      resume='allow' if run_id else None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Progress lines
+
+def _duration(seconds):
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f'{seconds // 3600}h{seconds % 3600 // 60:02d}m'
+    if seconds >= 60:
+        return f'{seconds // 60}m{seconds % 60:02d}s'
+    return f'{seconds}s'
+
+
+class Progress:
+    """`done/total, time per step, ETA` of a loop of `total` steps that starts at step `start` (a resumed
+    run): the time per step is the mean over the steps this process ran. Set .done as the loop goes."""
+
+    def __init__(self, total, start=0):
+        self.total, self.start, self.done = total, start, start
+        self.started = time.time()
+
+    def __call__(self):
+        per_step = (time.time() - self.started) / max(self.done - self.start, 1)
+        return f'{self.done}/{self.total}, {per_step:.3g} s/step, ETA {_duration(per_step * (self.total - self.done))}'
+
+    def tenth(self):
+        """Whether done is the last step or a multiple of a tenth of the total (to print a line)."""
+        return self.done == self.total or self.done % max(1, self.total // 10) == 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# The run
+
+class Run:
+    def __init__(self, hparams, kind):
+        """Open the run `kind` ('train_reward' / 'train_policy') of hparams in hparams.run.save_dir (none:
+        nothing is written). Collective over processes: the process carrying rank 0 takes the save dir's
+        lock, removes stale temporaries, refuses a save dir holding another run's hparams (those that
+        change no result may differ: LOGGING_HPARAMS) and writes this run's; every process raises its
+        error, in one line.
+        """
+        self.hparams = hparams
+        self.kind = kind
+        self.save_dir = hparams.run.save_dir
+        self.model_dir = os.path.join(self.save_dir, SCOPES[kind]) if self.save_dir else None
+        self.started = time.time()
+        self.saved_step = None  # the step of the newest training state
+        self.saved_model_step = None  # and of the newest model checkpoint this run wrote
+        self.tracked = None  # what save() saves: set by resume()
+        self._lock = contextlib.ExitStack()
+        error = None
+        if self.save_dir and core.is_root():
+            try:
+                # A rerun must match the hparams of the run in the save dir (refused, it writes nothing).
+                existing = checkpointing.check_resume_compatible(self.save_dir, hparams.to_nested_dict(),
+                                                                 f'{kind}_hparams.json', ignore=LOGGING_HPARAMS)
+                os.makedirs(self.model_dir, exist_ok=True)
+                self._lock.enter_context(_locked(self.save_dir))
+                _remove_temporaries(self.save_dir)
+                if not existing:
+                    hyperparams.save_json(hparams, os.path.join(self.save_dir, f'{kind}_hparams.json'))
+            except (OSError, SaveDirInUseError, checkpointing.IncompatibleRunError) as e:
+                self._lock.close()
+                error = (type(e).__name__, _one_line(e, self.save_dir))
+        error = core.mpi_bcast(error)
+        if error is not None:
+            raise (SaveDirInUseError if error[0] == 'SaveDirInUseError' else ValueError)(error[1])
+        self.stats = StatsLog(save_dir=self.save_dir, kind=kind, log_interval=hparams.run.log_interval,
+                              wandb_run=_wandb_run(hparams, kind))
+        if core.is_root():
+            self._print_summary()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        """Close the stats sinks and release the save dir."""
+        self.stats.close()
+        self._lock.close()
+
+    def _print_summary(self):
+        """The hparams that define the run, in a few lines (all of them are in the save dir's JSON)."""
+        h = self.hparams
+        flat = core.flatten_dict(h.to_nested_dict(), sep='.')
+        keys = [k for k in ('task.query_dataset', 'task.policy.initial_model', 'task.query_length',
+                            'task.response_length', 'labels.source', 'labels.num_train', 'batch_size', 'lr',
+                            'rewards.trained_model', 'ppo.batch_size', 'ppo.total_episodes', 'ppo.lr',
+                            'rewards.kl_coef', 'run.seed', 'run.bf16', 'run.microbatch_size')
+                if flat.get(k) is not None]
+        where = (f'saving to {self.save_dir} (all hparams: {self.kind}_hparams.json)' if self.save_dir
+                 else 'no run.save_dir: nothing is saved')
+        print(f'{self.kind}: {core.get_world_size()} ranks in {ranks.num_processes()} process(es); {where}')
+        print('  ' + ', '.join(f'{k}={flat[k]}' for k in keys))
+
+    def resume(self, *, modules: Dict[str, torch.nn.Module], optimizer, samplers=None, model=None):
+        """Restore the newest valid training state of the save dir, if any (see utils/checkpointing.py),
+        and remember what save() saves: modules, optimizer, samplers, and model = (module, model hparams,
+        encoding) for the model checkpoint. Returns the TrainState or None. Collective."""
+        state = checkpointing.load_latest_train_state(self.model_dir, modules=modules, optimizer=optimizer,
+                                                      samplers=samplers) if self.save_dir else None
+        self.tracked = dict(modules=modules, optimizer=optimizer, samplers=samplers or {}, model=model,
+                            start=state.step if state else 0)
+        self.saved_step = state.step if state else None
+        done = bool(state and state.extra.get('done'))
+        if self.save_dir and not done:  # a finished run redoes nothing
+            self.stats.rewind(state.step if state else 0)
+        if state and core.is_root():
+            print(f'{self.kind}: resuming from {state.path} (step {state.step}{", already finished" if done else ""})')
+        return state
+
+    def save(self, step, *, extra, model=True, done=False):
+        """Save the training state after `step` steps (with extra, the trainer's own state, and done: whether
+        the run has finished) and, with model, the model checkpoint of that step, which the state refers to
+        instead of holding the weights a second time; keep run.keep_checkpoints model checkpoints. Nothing
+        non-finite is ever saved. Collective; between steps only."""
+        if not self.save_dir or (self.saved_step == step and self.saved_model_step == (step if model else None)
+                                 and not done):
+            return  # this step is saved already
+        modules = self.tracked['modules']
+        for name, module in modules.items():
+            core.check_finite(step, **{f'{name} parameters': torch.stack(
+                [p.detach().float().abs().max() for p in module.parameters()])})
+        module, model_hparams, encoding = self.tracked['model']
+
+        def save_model():
+            path = checkpoints.save_checkpoint(self.model_dir, step, module, hparams=model_hparams, encoding=encoding)
+            return {name: path for name, m in modules.items() if m is module}
+        checkpointing.save_train_state(
+            self.model_dir, step, modules=modules, optimizer=self.tracked['optimizer'],
+            samplers=self.tracked['samplers'], extra=dict(extra, done=done), save_model=save_model if model else None)
+        self.saved_step = step
+        self.saved_model_step = step if model else self.saved_model_step
+        if core.is_root():
+            checkpoints.prune_checkpoints(self.model_dir, keep=self.hparams.run.keep_checkpoints,
+                                          protect=checkpointing.referenced_checkpoint_steps(self.model_dir))
+
+    def save_model_at_exit(self, step):
+        """The original's `finally: saver.save()` after an error: the model checkpoint of the weights
+        reached, on the process carrying rank 0 alone (its peers may be gone), if it trained since it
+        started or resumed, and they are finite and not saved yet."""
+        if (not self.save_dir or not core.is_root() or self.tracked is None or step == self.tracked['start']
+                or self.saved_model_step == step):
+            return
+        module, model_hparams, encoding = self.tracked['model']
+        if all(bool(torch.isfinite(p).all()) for p in module.parameters()):
+            checkpoints.save_checkpoint(self.model_dir, step, module, hparams=model_hparams, encoding=encoding)
+
+    @contextlib.contextmanager
+    def training(self, *, step: Callable[[], int], save: Optional[Callable[[], None]] = None):
+        """The trainer's loop runs in this block; step() tells where it is. On success: save() (the final
+        save), the learning curves, a summary. On Ctrl-C: one line saying where it stopped and where a rerun
+        resumes. On a non-finite value or a failed save: nothing more is written. On other errors: the
+        model checkpoint of the weights reached (save_model_at_exit)."""
+        try:
+            yield
+            if save is not None:
+                save()
+        except KeyboardInterrupt:
+            if core.is_root():
+                resume = (f'from step {self.saved_step}' if self.saved_step is not None else 'from the start')
+                print(f'\n{self.kind} stopped by Ctrl-C at step {step()}; rerunning the same command resumes '
+                      f'{resume}' + (f' ({self.model_dir}/train_state)' if self.saved_step is not None else ''),
+                      file=sys.stderr)
+            raise
+        except (core.NonFiniteError, checkpointing.CheckpointWriteError):
+            raise  # nothing more is written: no non-finite values, and a failed save would only fail again
+        except BaseException:
+            self.save_model_at_exit(step())
+            raise
+        if self.save_dir and core.is_root():
+            plots.plot_learning_curves(self.save_dir)
+            print(self.summary(step()))
+
+    def summary(self, step):
+        """The end-of-run lines: final metrics, wall time, where everything is and what to run next."""
+        metrics = ', '.join(f'{k} {self.stats.last[k]:.4g}' for k in SUMMARY_METRICS[self.kind] if k in self.stats.last)
+        lines = [f'{self.kind} done: {step} steps in {_duration(time.time() - self.started)}'
+                 + (f'; {metrics}' if metrics else '')]
+        if self.save_dir:
+            ckpt = checkpoints.latest_checkpoint(self.model_dir)
+            lines += [f'  model:        {ckpt}',
+                      f'  curves:       {os.path.join(self.save_dir, f"{self.kind}_curves.png")}',
+                      f'  stats:        {self.stats.jsonl_path}',
+                      f'  tensorboard:  tensorboard --logdir {os.path.join(self.save_dir, "tb")}']
+            if self.kind == 'train_policy':
+                lines += [f'  sample:       python sample.py sample --save_dir {self.save_dir} --nsamples 8',
+                          f'  export:       python sample.py export --save_dir {self.save_dir} --out HF_DIR']
+            else:
+                lines += [f'  use it:       python launch.py train_policy EXPERIMENT NAME --rewards.trained_model '
+                          f'{self.model_dir} --rewards.train_new_model off',
+                          f'  export:       python sample.py export --save_dir {self.save_dir} --savescope reward_model '
+                          f'--out HF_DIR']
+        return '\n'.join(lines)
+
+
+def _one_line(e, save_dir):
+    if isinstance(e, OSError) and e.errno is not None:
+        return (f'cannot write the save dir {e.filename or save_dir}: [Errno {e.errno}] {e.strerror}; '
+                f'choose another --save_dir')
+    return str(e)

@@ -295,6 +295,10 @@ def _default_mpi(exp):
 
 
 def launch_train_policy(exp, name, dry_run=False, mpi=None, procs=None, save_dir=os.path.join(tempfile.gettempdir(), 'save', 'train_policy'), **extra_hparams):
+    """Fine-tune a policy with PPO against a reward model: the experiment's reward model is trained first
+    into <save_dir>/NAME/reward_model, unless --rewards.trained_model DIR --rewards.train_new_model off.
+    Rerunning the same command resumes from the last saved state. --mpi N: the original's N ranks (its
+    8 for the paper's experiments), carried by --procs P processes (default: one per GPU, or 1)."""
     trials = _get_trials(get_experiments(), 'train_policy', exp)
     from lm_human_preferences import train_policy  # lazily: it pulls in the models and datasets
     fn = train_policy.train
@@ -308,6 +312,9 @@ def launch_train_policy(exp, name, dry_run=False, mpi=None, procs=None, save_dir
 
 
 def launch_train_reward(exp, name, dry_run=False, mpi=None, procs=None, save_dir=os.path.join(tempfile.gettempdir(), 'save', 'train_reward'), **extra_hparams):
+    """Train a reward model on the experiment's human labels (one epoch), normalized on samples of the
+    initial policy. Rerunning the same command resumes from the last saved state. --mpi N: the
+    original's N ranks (its 8 for the paper's experiments), carried by --procs P processes."""
     trials = _get_trials(get_train_reward_experiments(), 'train_reward', exp)
     from lm_human_preferences import train_reward
     fn = train_reward.train
@@ -318,6 +325,57 @@ def launch_train_reward(exp, name, dry_run=False, mpi=None, procs=None, save_dir
     launch.launch_trials(
         name, fn=fn, trials=trials, mpi=_default_mpi(exp) if mpi is None else mpi, procs=procs, save_dir=save_dir,
         hparam_class=train_reward.HParams, extra_hparams=extra_hparams, dry_run=dry_run)
+
+
+# `COMMAND --help`: the experiments, and the hparams most often set (`--dry_run` prints all of them).
+RUN_HPARAMS = {
+    'run.seed': 'random seed (each rank: seed + 100003 * rank)',
+    'run.save_interval': 'steps between saved states (a rerun resumes from the last)',
+    'run.log_interval': 'steps between stats tables',
+    'run.bf16': 'true/false: bf16 autocast for forward passes (default: on with CUDA)',
+    'run.microbatch_size': 'at most this many sequences per model pass, to fit memory (same results)',
+    'run.keep_checkpoints': 'model checkpoints kept',
+    'run.wandb': 'true: also log to Weights & Biases',
+}
+COMMON_HPARAMS = dict(
+    train_policy={
+        'rewards.trained_model': 'a trained reward model dir (with --rewards.train_new_model off)',
+        'rewards.kl_coef': 'KL penalty coefficient (initial value with rewards.adaptive_kl)',
+        'rewards.adaptive_kl.target': 'target KL of the adaptive controller',
+        'ppo.total_episodes': 'episodes to train on',
+        'ppo.batch_size': 'episodes per PPO batch, over all ranks',
+        'ppo.lr': 'learning rate (decayed linearly to 0)',
+        'task.policy.initial_model': "'124M' (GPT-2, downloaded), a model dir, 'test'",
+        'task.query_dataset': "books, cnndm, tldr, test, or local:<dir of .txt files>",
+        **RUN_HPARAMS},
+    train_reward={
+        'labels.source': 'the label file: an https URL or a local JSON file',
+        'labels.num_train': 'labels to train on (the records after them are held out)',
+        'batch_size': 'labels per minibatch, over all ranks',
+        'lr': 'learning rate (decayed linearly to 0)',
+        'normalize_before': 'true/false', 'normalize_after': 'true/false',
+        'task.policy.initial_model': "'124M' (GPT-2, downloaded), a model dir, 'test'",
+        **RUN_HPARAMS})
+
+
+def _help_sections(command, experiments):
+    def sections():
+        lines = ['experiments (--mpi: the ranks they run as by default):']
+        for exp, trials in experiments().items():
+            kw = {k: v for k, v, _ in trials[0] if k is not None}
+            size = (f"ppo.batch_size {kw['ppo.batch_size']}, {kw['ppo.total_episodes']:,} episodes"
+                    if 'ppo.batch_size' in kw else f"{kw['labels.num_train']:,} labels, batch_size {kw['batch_size']}")
+            lines.append(f"  {exp:16s} --mpi {_default_mpi(exp)}: {kw['task.query_dataset']} queries "
+                         f"({kw['task.query_length']}+{kw['task.response_length']} tokens), model "
+                         f"{kw['task.policy.initial_model']}, {size}")
+        lines += ['', 'most used hparams (--dotted.name value):']
+        lines += [f'  --{k:28s} {v}' for k, v in COMMON_HPARAMS[command].items()]
+        return '\n'.join(lines)
+    return sections
+
+
+launch_train_policy.help_sections = _help_sections('train_policy', get_experiments)
+launch_train_reward.help_sections = _help_sections('train_reward', get_train_reward_experiments)
 
 
 if __name__ == '__main__':

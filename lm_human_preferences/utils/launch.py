@@ -11,15 +11,18 @@ instead, whose processes carry the ranks. The command line is parsed by `main` b
 import ctypes
 import inspect
 import os
+import signal
 import socket
 import sys
+import tempfile
+import warnings
 from functools import partial
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lm_human_preferences.utils import gcs, hyperparams, ranks
+from lm_human_preferences.utils import core, gcs, hyperparams, ranks, run
 
 
 class ConfigError(Exception):
@@ -75,14 +78,49 @@ def reuse_freed_memory():
     return bool(mallopt(M_MMAP_THRESHOLD, 1 << 30)) and bool(mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
 
 
-def _worker(local_rank, world_size, port, f, mpi):
+# Errors of bad inputs (a file, a value, a download), reported in one line: by main, or by a worker into
+# its error file for the launcher to report (a worker's own traceback would repeat in every process).
+INPUT_ERRORS = (gcs.DownloadError, OSError, ValueError, FloatingPointError)
+_INPUT_ERROR_EXIT = 3  # a worker's exit code after it wrote its error line
+_INTERRUPTED_EXIT = 130  # after Ctrl-C
+
+
+class WorkerInputError(RuntimeError):
+    """A worker stopped on a bad input; the message is its one line."""
+
+
+def _die_with_parent():
+    """Linux: the kernel kills this worker when the launching process dies, whatever signal killed it (a
+    plain `kill` of the launcher would otherwise leave the workers training)."""
+    if sys.platform.startswith('linux'):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL('libc.so.6').prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:  # the launcher died before prctl took effect
+            os._exit(1)
+
+
+def one_line_warnings():
+    """Warnings (a skipped corrupt checkpoint, a dropped stats line) as one `warning: ...` line each."""
+    warnings.formatwarning = lambda message, category, *args, **kwargs: f'warning: {message}\n'
+
+
+def _worker(local_rank, world_size, port, f, mpi, error_dir):
+    _die_with_parent()
+    one_line_warnings()
     os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(local_rank),
                       LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
     # Share the cores between the workers (as torchrun does with OMP_NUM_THREADS): N workers each running
     # torch's default of one thread per core spin-wait against each other, many times slower on a CPU.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     reuse_freed_memory()
-    _run_in_group(f, mpi)
+    try:
+        _run_in_group(f, mpi)
+    except KeyboardInterrupt:
+        os._exit(_INTERRUPTED_EXIT)  # the trainer said where it stopped (utils/run.py)
+    except (ConfigError,) + INPUT_ERRORS as e:
+        with open(os.path.join(error_dir, f'error-{local_rank}'), 'w') as out:
+            out.write(str(e))
+        os._exit(_INPUT_ERROR_EXIT)
 
 
 def default_procs(mpi):
@@ -139,7 +177,17 @@ def launch(name, f, *, mpi=1, procs=None) -> None:
             f()
         return
     # spawn (not fork): each worker starts a fresh interpreter, safe with CUDA and threads.
-    mp.spawn(_worker, args=(procs, _free_port(), f, mpi), nprocs=procs, join=True)
+    with tempfile.TemporaryDirectory(prefix='lmhp-errors-') as error_dir:
+        try:
+            mp.spawn(_worker, args=(procs, _free_port(), f, mpi, error_dir), nprocs=procs, join=True)
+        except mp.ProcessExitedException as e:
+            if e.exit_code == _INTERRUPTED_EXIT:
+                raise KeyboardInterrupt from None
+            reports = sorted(os.listdir(error_dir))  # the lowest process's error first
+            if not reports:
+                raise
+            with open(os.path.join(error_dir, reports[0])) as report:
+                raise WorkerInputError(report.read()) from None
 
 
 def launch_trials(name, fn, trials, hparam_class, extra_hparams=None, dry_run=False, mpi=1, procs=None,
@@ -178,6 +226,11 @@ def launch_trials(name, fn, trials, hparam_class, extra_hparams=None, dry_run=Fa
             print(f'{job_name}: {kwargs}')
             hyperparams.dump(hparams)
         else:
+            if any(v for k, v in core.flatten_dict(hparams.to_nested_dict(), sep='.').items() if k.endswith('run.wandb')):
+                try:
+                    run.check_wandb(job_name)  # ours: a missing key or an unreachable server, before any work
+                except ValueError as e:
+                    raise ConfigError(str(e)) from None
             jobs.append(partial(launch, job_name, partial(fn, hparams), mpi=mpi, procs=procs))
     # The original ran local jobs one at a time too (it asserted there was only one).
     for job in jobs:
@@ -259,10 +312,15 @@ def main(commands_dict, argv=None):
     files, values) one line and exit 1; a failing worker exits 1 with its traceback.
     """
     argv = sys.argv[1:] if argv is None else argv
-    usage = '\n'.join(f'usage: {os.path.basename(sys.argv[0])} {_usage(name, command)}' for name, command in commands_dict.items())
+    program = os.path.basename(sys.argv[0])
+    usage = '\n'.join(f'usage: {program} {_usage(name, command)}' for name, command in commands_dict.items())
     if not argv or argv[0] in ('-h', '--help'):
-        print(usage)
+        print(usage + f'\n\n`{program} COMMAND --help` tells more of each command.')
         sys.exit(0 if argv else 2)
+    if argv[0] in commands_dict and any(a in ('-h', '--help') for a in argv[1:]):
+        print(command_help(program, argv[0], commands_dict[argv[0]]))
+        sys.exit(0)
+    one_line_warnings()
     try:
         command = commands_dict.get(argv[0])
         if command is None:
@@ -288,14 +346,32 @@ def main(commands_dict, argv=None):
     except ConfigError as e:
         print(f'error: {e}', file=sys.stderr)
         sys.exit(2)
-    except (gcs.DownloadError, OSError, ValueError, FloatingPointError) as e:
+    except INPUT_ERRORS + (WorkerInputError,) as e:
         # Bad inputs met while running (an unreachable URL, a missing or mismatched checkpoint, malformed
-        # labels, a full disk, a non-finite loss): one line naming the cause. LMHP_TRACEBACK=1 shows where.
+        # labels, a full disk, a non-finite loss), here or in a worker: one line naming the cause.
+        # LMHP_TRACEBACK=1 shows where.
         if os.environ.get('LMHP_TRACEBACK'):
             raise
         print(f'error: {e}', file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(_INTERRUPTED_EXIT)  # the trainer said where it stopped and how to resume (utils/run.py)
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
-        # The message holds the failing worker's traceback; the launcher's own stack adds nothing.
+        # A bug: the message holds the failing worker's traceback; the launcher's own stack adds nothing.
         print(f'error: a worker failed:{e}', file=sys.stderr)
         sys.exit(1)
+
+
+def command_help(program, name, command):
+    """`COMMAND --help`: the command's description (its docstring), usage, options with their defaults,
+    and, where the command lists them, its experiments and most used hparams."""
+    lines = [f'usage: {program} {_usage(name, command)}', '', inspect.cleandoc(command.__doc__ or '')]
+    options = [p for p in inspect.signature(command).parameters.values()
+               if p.default is not inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD]
+    if options:
+        lines += ['', 'options:'] + [f'  --{p.name} ' + ('(set by the command)' if p.default is None else repr(p.default))
+                                     for p in options]
+    extra = getattr(command, 'help_sections', None)
+    if extra is not None:
+        lines += ['', extra()]
+    return '\n'.join(lines).rstrip()

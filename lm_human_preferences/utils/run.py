@@ -54,8 +54,8 @@ SUMMARY_METRICS = dict(train_reward=('loss', 'eval/loss', 'eval/accuracy'),
                        train_policy=('objective/score', 'objective/kl', 'objective/kl_coef', 'objective/entropy'))
 
 
-class SaveDirInUseError(RuntimeError):
-    """Another process holds the save dir's lock."""
+class SaveDirInUseError(OSError):
+    """Another process holds the save dir's lock (an OSError: launch.py reports it in one line)."""
 
 
 class StatsWarning(UserWarning):
@@ -199,6 +199,37 @@ def _wandb_run(hparams, kind):
     return wandb.init(project=hparams.run.wandb_project, config=hparams.to_nested_dict(), dir=save_dir,
                       name=f'{name}/{kind}' if name else None, group=name, job_type=kind, id=run_id,
                       resume='allow' if run_id else None)
+
+
+def check_wandb(name):
+    """Ours, at launch: that wandb can log (WANDB_MODE offline / disabled needs nothing); a one-line
+    ValueError for a missing package, a missing API key or a W&B server that cannot be reached."""
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        raise ValueError(f'{name}: run.wandb is on but the wandb package is not installed (pip install wandb)') from None
+    if os.environ.get('WANDB_MODE', '').lower() in ('offline', 'disabled', 'dryrun'):
+        return
+    base_url = os.environ.get('WANDB_BASE_URL', 'https://api.wandb.ai')
+    if not (os.environ.get('WANDB_API_KEY') or _netrc_has(base_url)):
+        raise ValueError(f'{name}: run.wandb is on but no W&B API key is set: run `wandb login`, set WANDB_API_KEY, '
+                         f'or set WANDB_MODE=offline to log locally')
+    import requests
+    try:
+        requests.head(base_url, timeout=5)
+    except requests.exceptions.RequestException as e:
+        raise ValueError(f'{name}: run.wandb is on but the W&B server {base_url} cannot be reached '
+                         f'({type(e).__name__}); set WANDB_MODE=offline to log locally and `wandb sync` later') from None
+
+
+def _netrc_has(url):
+    """Whether ~/.netrc has a login for url's host (where `wandb login` stores the key)."""
+    import netrc
+    from urllib.parse import urlparse
+    try:
+        return netrc.netrc().authenticators(urlparse(url).hostname) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -301,26 +301,32 @@ def test_four_ranks_in_two_gloo_workers(tmp_path, gloo):
     assert httpd.requests == ['/data.txt', '/missing']  # only process 0 downloaded
 
 
-def _failing_worker():
+def _failing_worker(error):
     if ranks.process_index() == 1:
-        raise ValueError('boom from process 1')
+        raise error('boom from process 1')
     core.mpi_allreduce_sum([torch.zeros(1)])  # process 0 would wait here forever for process 1
     time.sleep(60)
 
 
 def _failing_command(exp, name):
-    launch.launch(name, _failing_worker, mpi=2, procs=2)
+    launch.launch(name, partial(_failing_worker, dict(bug=RuntimeError, input=ValueError)[exp]), mpi=2, procs=2)
 
 
-def test_raising_worker_ends_launch(capsys, gloo):
+@pytest.mark.parametrize('kind', ['bug', 'input'])
+def test_raising_worker_ends_launch(capsys, gloo, kind):
+    """A worker that raises ends the launch in seconds: a bug with its traceback, a bad input (a
+    ValueError, OSError, ...) in one line, as in a single process."""
     start = time.time()
     with pytest.raises(SystemExit) as e:
-        launch.main({'cmd': _failing_command}, argv=['cmd', 'e', 'n'])
+        launch.main({'cmd': _failing_command}, argv=['cmd', kind, 'n'])
     elapsed = time.time() - start
     err = capsys.readouterr().err
     assert e.value.code == 1
     assert elapsed < 15, elapsed
-    assert 'Traceback' in err and 'ValueError: boom from process 1' in err and '_failing_worker' in err
+    if kind == 'bug':
+        assert 'Traceback' in err and 'RuntimeError: boom from process 1' in err and '_failing_worker' in err
+    else:
+        assert err == 'error: boom from process 1\n'
 
 
 def _group_check(out_path):

@@ -10,11 +10,14 @@ instead, whose processes carry the ranks. The command line is parsed by `main` b
 
 import ctypes
 import inspect
+import json
 import os
 import signal
 import socket
 import sys
 import tempfile
+import time
+import traceback
 import warnings
 from functools import partial
 
@@ -78,15 +81,19 @@ def reuse_freed_memory():
     return bool(mallopt(M_MMAP_THRESHOLD, 1 << 30)) and bool(mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
 
 
-# Errors of bad inputs (a file, a value, a download), reported in one line: by main, or by a worker into
-# its error file for the launcher to report (a worker's own traceback would repeat in every process).
+# Errors of bad inputs (a file, a value, a download), reported in one line by main. A worker that fails
+# writes a report (the line, or a bug's traceback) for the launcher, which reports the first one.
 INPUT_ERRORS = (gcs.DownloadError, OSError, ValueError, FloatingPointError)
-_INPUT_ERROR_EXIT = 3  # a worker's exit code after it wrote its error line
+_ERROR_EXIT = 3  # a worker's exit code after it wrote its error report
 _INTERRUPTED_EXIT = 130  # after Ctrl-C
 
 
 class WorkerInputError(RuntimeError):
     """A worker stopped on a bad input; the message is its one line."""
+
+
+class WorkerFailed(RuntimeError):
+    """A worker raised (a bug); the message is its traceback."""
 
 
 def _die_with_parent():
@@ -117,10 +124,14 @@ def _worker(local_rank, world_size, port, f, mpi, error_dir):
         _run_in_group(f, mpi)
     except KeyboardInterrupt:
         os._exit(_INTERRUPTED_EXIT)  # the trainer said where it stopped (utils/run.py)
-    except (ConfigError,) + INPUT_ERRORS as e:
+    except BaseException as e:
+        # For the launcher, which reports the first error: when one worker fails, its peers fail next in a
+        # collective (connection closed), and only the first one says why.
+        report = dict(time=time.time(), input=isinstance(e, (ConfigError,) + INPUT_ERRORS),
+                      message=str(e) if isinstance(e, (ConfigError,) + INPUT_ERRORS) else traceback.format_exc())
         with open(os.path.join(error_dir, f'error-{local_rank}'), 'w') as out:
-            out.write(str(e))
-        os._exit(_INPUT_ERROR_EXIT)
+            json.dump(report, out)
+        os._exit(_ERROR_EXIT)
 
 
 def default_procs(mpi):
@@ -183,11 +194,14 @@ def launch(name, f, *, mpi=1, procs=None) -> None:
         except mp.ProcessExitedException as e:
             if e.exit_code == _INTERRUPTED_EXIT:
                 raise KeyboardInterrupt from None
-            reports = sorted(os.listdir(error_dir))  # the lowest process's error first
+            reports = []
+            for name in os.listdir(error_dir):
+                with open(os.path.join(error_dir, name)) as report:
+                    reports.append(json.load(report))
             if not reports:
                 raise
-            with open(os.path.join(error_dir, reports[0])) as report:
-                raise WorkerInputError(report.read()) from None
+            first = min(reports, key=lambda r: r['time'])
+            raise (WorkerInputError if first['input'] else WorkerFailed)(first['message']) from None
 
 
 def launch_trials(name, fn, trials, hparam_class, extra_hparams=None, dry_run=False, mpi=1, procs=None,
@@ -356,9 +370,9 @@ def main(commands_dict, argv=None):
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(_INTERRUPTED_EXIT)  # the trainer said where it stopped and how to resume (utils/run.py)
-    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+    except (WorkerFailed, mp.ProcessRaisedException, mp.ProcessExitedException) as e:
         # A bug: the message holds the failing worker's traceback; the launcher's own stack adds nothing.
-        print(f'error: a worker failed:{e}', file=sys.stderr)
+        print(f'error: a worker failed:\n{e}', file=sys.stderr)
         sys.exit(1)
 
 

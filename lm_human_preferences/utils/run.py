@@ -36,6 +36,7 @@ import sys
 import time
 import uuid
 import warnings
+from functools import partial
 from typing import Callable, Dict, Optional
 
 import torch
@@ -122,13 +123,16 @@ class StatsLog:
     log_interval steps and TensorBoard (core.record_stats, as the original), plus ours: one JSON line per
     step and wandb. Without a save dir only the table is printed."""
 
-    def __init__(self, *, save_dir, kind, log_interval, wandb_run=None):
+    def __init__(self, *, save_dir, kind, log_interval, wandb_init=None):
         self.save_dir = save_dir
         self.kind = kind
         self.log_interval = log_interval
         self.jsonl_path = os.path.join(save_dir, f'{kind}_stats.jsonl') if save_dir else None
         self.tb_dir = os.path.join(save_dir, 'tb', TB_SUBDIRS[kind]) if save_dir else None
-        self.wandb_run = wandb_run
+        # wandb allows one active run per process: a trainer's starts with its first stats (train_policy's
+        # reward phase has finished its own by then).
+        self.wandb_init = wandb_init
+        self.wandb_run = None
         self.summary_writer = None
         self.purge_step = None
         self.last = {}  # the last value of each metric logged
@@ -144,6 +148,8 @@ class StatsLog:
             if self.jsonl_path:
                 with open(self.jsonl_path, 'a') as f:
                     f.write(json.dumps({'step': int(step), **stats}) + '\n')
+            if self.wandb_init is not None:
+                self.wandb_run, self.wandb_init = self.wandb_init(), None
             if self.wandb_run is not None:
                 self.wandb_run.log(stats, step=int(step))
         self.last.update(stats)
@@ -299,7 +305,7 @@ class Run:
         if error is not None:
             raise (SaveDirInUseError if error[0] == 'SaveDirInUseError' else ValueError)(error[1])
         self.stats = StatsLog(save_dir=self.save_dir, kind=kind, log_interval=hparams.run.log_interval,
-                              wandb_run=_wandb_run(hparams, kind))
+                              wandb_init=partial(_wandb_run, hparams, kind) if hparams.run.wandb else None)
         if core.is_root():
             self._print_summary()
 

@@ -1,0 +1,276 @@
+"""The run lifecycle both trainers share (utils/run.py): the save dir's lock, stale temporaries, the stats
+sinks' rewind rule, pruned checkpoints and training states that refer to them, nothing non-finite saved,
+a read-only save dir, the console (progress, summary, Ctrl-C), workers that die with their launcher."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from lm_human_preferences import train_policy, train_reward
+from lm_human_preferences.language import checkpoints
+from lm_human_preferences.utils import checkpointing, run
+from test_resume import TEST_TASK, env
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def policy_hparams(save_dir, **overrides):
+    hparams = train_policy.HParams()
+    hparams.override_from_dict({
+        'task.policy.initial_model': 'test', 'task.query_dataset': 'test', 'task.query_length': 2,
+        'task.response_length': 3, 'rewards.trained_model': 'test', 'ppo.batch_size': 8,
+        'ppo.total_episodes': 48, 'ppo.noptepochs': 1, 'run.seed': 1, 'run.log_interval': 100,
+        'run.save_dir': str(save_dir), **overrides})
+    hparams.validate()
+    return hparams
+
+
+def jsonl_steps(path):
+    return [json.loads(line)['step'] for line in Path(path).read_text().splitlines()]
+
+
+# ---- the save dir's lock ----
+
+LOCK_HOLDER = """
+import sys, time
+sys.path.insert(0, {repo!r})
+from lm_human_preferences.utils import run
+with run._locked({save_dir!r}):
+    print('locked', flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_save_dir_in_use_is_refused_and_a_dead_holder_taken_over(tmp_path):
+    save_dir = tmp_path / 'run'
+    save_dir.mkdir()
+    holder = subprocess.Popen([sys.executable, '-c', LOCK_HOLDER.format(repo=str(REPO_ROOT), save_dir=str(save_dir))],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == 'locked\n'
+        with pytest.raises(run.SaveDirInUseError, match=rf'{save_dir} is in use by another run \(pid {holder.pid} '):
+            train_policy.train(policy_hparams(save_dir))
+        assert not (save_dir / 'train_policy_hparams.json').exists()  # refused before writing anything
+    finally:
+        holder.kill()  # SIGKILL: no chance to release the lock itself
+        holder.wait()
+    train_policy.train(policy_hparams(save_dir))  # the kernel released the dead holder's lock
+    assert (save_dir / 'policy' / 'checkpoints' / 'model-6.safetensors').exists()
+
+
+def test_lock_is_reentrant_in_one_process(tmp_path):
+    # train_policy trains its reward model in the same save dir, in the same process.
+    with run._locked(str(tmp_path)), run._locked(str(tmp_path)):
+        pass
+    with run._locked(str(tmp_path)):  # released: taken again
+        pass
+
+
+def test_stale_temporaries_are_removed(tmp_path):
+    save_dir = tmp_path / 'run'
+    (save_dir / 'policy' / 'checkpoints').mkdir(parents=True)
+    stale = [save_dir / 'train_policy_stats.jsonl.tmp-123', save_dir / 'policy' / 'checkpoints' / 'model-2.safetensors.tmp-9']
+    for path in stale:
+        path.write_text('partial')
+    train_policy.train(policy_hparams(save_dir))
+    assert not any(path.exists() for path in stale)
+
+
+# ---- stats: one rewind rule ----
+
+def test_a_run_without_a_saved_state_starts_its_stats_again(tmp_path):
+    """A run killed before its first saved state left stats behind: the rerun logs from step 0 alone."""
+    save_dir = tmp_path / 'run'
+    save_dir.mkdir()
+    stale = [{'step': s, 'objective/kl': 9.0} for s in range(4)]
+    (save_dir / 'train_policy_stats.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in stale))
+    train_policy.train(policy_hparams(save_dir))
+    assert jsonl_steps(save_dir / 'train_policy_stats.jsonl') == list(range(6))
+    assert all(json.loads(line)['objective/kl'] != 9.0
+               for line in (save_dir / 'train_policy_stats.jsonl').read_text().splitlines())
+
+
+def test_rewind_drops_later_steps_and_a_cut_line_with_a_warning(tmp_path):
+    path = tmp_path / 'train_policy_stats.jsonl'
+    path.write_text(''.join(json.dumps({'step': i, 'loss': i / 2}) + '\n' for i in range(5)) + '{"step": 5, "lo')
+    log = run.StatsLog(save_dir=str(tmp_path), kind='train_policy', log_interval=1)
+    with pytest.warns(run.StatsWarning, match='dropping a line cut off by a kill'):
+        log.rewind(3)  # resumed at step 3: steps 3, 4 and the cut line go
+    assert jsonl_steps(path) == [0, 1, 2]
+
+
+# ---- checkpoints and training states ----
+
+def test_checkpoints_pruned_and_states_refer_to_them(tmp_path):
+    save_dir = tmp_path / 'run'
+    train_policy.train(policy_hparams(save_dir, **{'run.save_interval': 1, 'run.keep_checkpoints': 2}))
+    policy_dir = save_dir / 'policy'
+    assert checkpoints.checkpoint_steps(policy_dir) == [6, 5, 4]  # 2 kept, and state 4's
+    assert checkpointing.train_state_steps(policy_dir) == [6, 5, 4]
+    sidecar = json.loads((policy_dir / 'train_state' / 'state-6.json').read_text())
+    assert sidecar['module_checkpoints'] == {'policy': 'checkpoints/model-6.safetensors'}
+    from safetensors.torch import load_file
+    state = load_file(str(policy_dir / 'train_state' / 'state-6.safetensors'))
+    assert not [k for k in state if k.startswith('modules.')]  # the weights are not stored twice
+    assert [k for k in state if k.startswith('optimizer.')]
+    # A state whose model checkpoint is corrupt is skipped for the one before.
+    path = policy_dir / 'checkpoints' / 'model-6.safetensors'
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 1
+    path.write_bytes(bytes(data))
+    policy = train_policy.Policy(train_policy.trained_models.TrainedModel('test'))
+    optimizer = train_policy.utils.AdamTF(policy.parameters(), lr=1e-3)
+    with pytest.warns(checkpointing.CheckpointWarning, match='refers to a model checkpoint that fails: .*model-6'):
+        loaded = checkpointing.load_latest_train_state(str(policy_dir), modules=dict(policy=policy), optimizer=optimizer,
+                                                       samplers=dict(query=checkpointing.CountingSampler(lambda: None)))
+    assert loaded.step == 5
+
+
+def test_non_finite_weights_are_never_saved(tmp_path):
+    """With --ppo.lr nan the first update makes every weight NaN: the run stops before saving them."""
+    save_dir = tmp_path / 'run'
+    with pytest.raises(train_policy.utils.NonFiniteError, match='non-finite policy parameters at step 1'):
+        train_policy.train(policy_hparams(save_dir, **{'ppo.lr': float('nan'), 'run.save_interval': 1}))
+    assert checkpoints.checkpoint_steps(save_dir / 'policy') == []
+    assert checkpointing.train_state_steps(save_dir / 'policy') == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason='root writes into read-only directories')
+def test_read_only_save_dir_is_one_line(tmp_path):
+    save_dir = tmp_path / 'ro'
+    save_dir.mkdir()
+    save_dir.chmod(0o500)
+    try:
+        with pytest.raises(ValueError, match=rf'^cannot write the save dir .*: \[Errno 13\] Permission denied; '
+                                             r'choose another --save_dir$'):
+            train_policy.train(policy_hparams(save_dir))
+    finally:
+        save_dir.chmod(0o700)
+
+
+def test_read_only_save_dir_via_the_command_line(tmp_path):
+    """As root (CI), a read-only bind cannot be made: a save dir whose path runs through a file gives the
+    same kind of OSError, and the command line reports it in one line, before any model is built."""
+    blocker = tmp_path / 'file'
+    blocker.write_text('not a directory')
+    proc = subprocess.run([sys.executable, 'launch.py', 'train_policy', 'test', 'x', '--save_dir', str(blocker)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, env=env(), timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [
+        f'error: cannot write the save dir {blocker}/x: [Errno 20] Not a directory; choose another --save_dir']
+
+
+# ---- the console ----
+
+def test_progress_summary_and_one_line_missing_heads(tmp_path, capsys):
+    save_dir = tmp_path / 'run'
+    train_policy.train(policy_hparams(save_dir))
+    out = capsys.readouterr().out
+    assert '[ppo_step 5] step_time=' in out and '(6/6, ' in out and 'ETA 0s)' in out
+    assert f'train_policy done: 6 steps in' in out
+    assert f'  model:        {save_dir}/policy/checkpoints/model-6.safetensors' in out
+    assert f'  sample:       python sample.py sample --save_dir {save_dir} --nsamples 8' in out
+    assert f'  tensorboard:  tensorboard --logdir {save_dir}/tb' in out
+    assert '\nhparams:\n' not in out and 'model_hparams:' not in out  # a short summary, not the full dumps
+    assert 'train_policy: 1 ranks in 1 process(es); saving to' in out
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_one_line_and_the_rerun_resumes(tmp_path):
+    argv = [sys.executable, 'launch.py', 'train_policy', 'test', 'run', '--save_dir', str(tmp_path),
+            '--ppo.total_episodes', '100000', '--run.save_interval', '5', '--run.log_interval', '1000']
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    state_dir = tmp_path / 'run' / 'policy' / 'train_state'
+    deadline = time.time() + 120
+    while not (state_dir / 'state-10.json').exists() and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    step = checkpointing.train_state_steps(tmp_path / 'run' / 'policy')[0]
+    assert lines[0].startswith('train_policy stopped by Ctrl-C at step ')
+    assert lines[0].endswith(f'rerunning the same command resumes from step {step} ({state_dir})')
+
+
+WORKER_PIDS = """
+import os, sys, time
+sys.path.insert(0, {repo!r})
+from functools import partial
+from lm_human_preferences.utils import launch
+def work(out):
+    open(os.path.join(out, str(os.getpid())), 'w').close()
+    time.sleep(120)
+if __name__ == '__main__':
+    launch.launch('x', partial(work, {out!r}), mpi=2, procs=2)
+"""
+
+
+@pytest.mark.slow
+def test_workers_die_with_their_launcher(tmp_path):
+    """A plain `kill` of the launching process (SIGTERM, which it does not handle) ends its workers too."""
+    script, out = tmp_path / 'launcher.py', tmp_path / 'pids'
+    out.mkdir()
+    script.write_text(WORKER_PIDS.format(repo=str(REPO_ROOT), out=str(out)))
+    launcher = subprocess.Popen([sys.executable, str(script)], env=dict(env(), LMHP_DIST_BACKEND='gloo'))
+    deadline = time.time() + 60
+    while len(os.listdir(out)) < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    workers = [int(p) for p in os.listdir(out)]
+    assert len(workers) == 2
+    launcher.terminate()
+    launcher.wait(timeout=30)
+    deadline = time.time() + 10
+    while any(os.path.exists(f'/proc/{pid}') and open(f'/proc/{pid}/stat').read().split()[2] != 'Z'
+              for pid in workers) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in workers if os.path.exists(f'/proc/{pid}')
+                and open(f'/proc/{pid}/stat').read().split()[2] != 'Z'], 'workers outlived their launcher'
+
+
+# ---- wandb ----
+
+def test_wandb_problems_are_one_line_at_launch(tmp_path, monkeypatch, capsys):
+    pytest.importorskip('wandb')
+    monkeypatch.delenv('WANDB_MODE', raising=False)
+    monkeypatch.delenv('WANDB_API_KEY', raising=False)
+    monkeypatch.setenv('HOME', str(tmp_path))  # no ~/.netrc
+    import launch as top_launch
+    from lm_human_preferences.utils import launch
+    with pytest.raises(SystemExit) as e:
+        launch.main(dict(train_reward=top_launch.launch_train_reward),
+                    argv=['train_reward', 'test', 'x', '--run.wandb', 'true', '--save_dir', str(tmp_path)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ('error: x: run.wandb is on but no W&B API key is set: run `wandb login`, set '
+                                       'WANDB_API_KEY, or set WANDB_MODE=offline to log locally\n')
+    monkeypatch.setenv('WANDB_API_KEY', 'x' * 40)
+    monkeypatch.setenv('WANDB_BASE_URL', 'http://127.0.0.1:9')  # the discard port: nothing listens
+    with pytest.raises(ValueError, match=r'the W&B server http://127.0.0.1:9 cannot be reached'):
+        run.check_wandb('x')
+    assert not (tmp_path / 'x').exists()
+
+
+def test_wandb_logs_both_phases_of_train_policy(tmp_path, monkeypatch):
+    pytest.importorskip('wandb')
+    monkeypatch.setenv('WANDB_MODE', 'offline')
+    monkeypatch.setenv('WANDB_SILENT', 'true')
+    save_dir = tmp_path / 'run'
+    reward = {'task.policy.initial_model': 'test', 'task.query_dataset': 'test', 'task.query_length': 2,
+              'task.response_length': 3, 'labels.type': 'best_of_4', 'labels.source': 'test',
+              'labels.num_train': 16, 'batch_size': 8, 'run.seed': 1}
+    hparams = policy_hparams(save_dir, **{'rewards.trained_model': None, 'rewards.train_new_model': 'on',
+                                          'run.wandb': True,
+                                          **{f'rewards.train_new_model.{k}': v for k, v in reward.items()}})
+    train_policy.train(hparams)
+    ids = {kind: (save_dir / f'{kind}_wandb_id').read_text() for kind in ('train_reward', 'train_policy')}
+    assert ids['train_reward'] != ids['train_policy']
+    for run_id in ids.values():
+        assert list(save_dir.glob(f'wandb/offline-run-*-{run_id}/run-{run_id}.wandb'))

@@ -7,16 +7,14 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import pytest
-import torch
 
-from lm_human_preferences import train_policy, train_reward
+from lm_human_preferences import train_policy
 from lm_human_preferences.language import checkpoints
 from lm_human_preferences.utils import checkpointing, run
-from test_resume import TEST_TASK, env
+from test_resume import env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -148,7 +146,7 @@ def test_read_only_save_dir_is_one_line(tmp_path):
     save_dir.mkdir()
     save_dir.chmod(0o500)
     try:
-        with pytest.raises(ValueError, match=rf'^cannot write the save dir .*: \[Errno 13\] Permission denied; '
+        with pytest.raises(ValueError, match=r'^cannot write the save dir .*: \[Errno 13\] Permission denied; '
                                              r'choose another --save_dir$'):
             train_policy.train(policy_hparams(save_dir))
     finally:
@@ -174,7 +172,7 @@ def test_progress_summary_and_one_line_missing_heads(tmp_path, capsys):
     train_policy.train(policy_hparams(save_dir))
     out = capsys.readouterr().out
     assert '[ppo_step 5] step_time=' in out and '(6/6, ' in out and 'ETA 0s)' in out
-    assert f'train_policy done: 6 steps in' in out
+    assert 'train_policy done: 6 steps in' in out
     assert f'  model:        {save_dir}/policy/checkpoints/model-6.safetensors' in out
     assert f'  sample:       python sample.py sample --save_dir {save_dir} --nsamples 8' in out
     assert f'  tensorboard:  tensorboard --logdir {save_dir}/tb' in out

@@ -9,8 +9,10 @@ DIR is a train_policy save dir: ours (train_policy_hparams.json + policy/) or an
 task's test split. nsamples 0 (the default, as the original) samples forever.
 
     python sample.py export --save_dir DIR --out HF_DIR [--savescope policy|reward_model]
+    python sample.py plot --save_dir DIR [--out FIGURE.png] [--title TITLE]
 
-(ours) writes DIR's policy (or reward model) as a Hugging Face transformers GPT-2 folder.
+(ours) `export` writes DIR's policy (or reward model) as a Hugging Face transformers GPT-2 folder; `plot`
+draws its learning curves.
 """
 
 import os
@@ -22,7 +24,7 @@ from lm_human_preferences import lm_tasks, train_policy
 from lm_human_preferences.language import checkpoints, hf_export, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import hyperparams, launch
+from lm_human_preferences.utils import hyperparams, launch, plots
 
 
 def sample_policy(save_dir=None, savescope='policy', temperature=1.0, seed=None, batch_size=4, nsamples=0):
@@ -98,6 +100,8 @@ def _parse(name, value, parse):
 
 def launch_sample(save_dir=None, savescope='policy', temperature=1.0, seed=None, batch_size=4, nsamples=0, mpi=1,
                   procs=None):
+    """Print samples of a trained policy (a train_policy save dir: ours, or an original TF run's) on queries of
+    its task's test split; --nsamples 0 samples forever, as the original."""
     # The original defaulted to mpi=8 (MPI ranks); one rank is the sensible default here (sampling has no
     # math that depends on the ranks).
     _check_save_dir(save_dir, savescope)
@@ -122,10 +126,21 @@ def launch_export(save_dir=None, out=None, savescope='policy'):
         print(path)
 
 
+def launch_plot(save_dir=None, out=None, title=None):
+    """Ours: draw the learning curves of a train_reward / train_policy save dir: its *_curves.png again
+    (the trainers draw them at the end), or with --out every panel in one figure."""
+    if save_dir is None:
+        raise launch.ConfigError('plot needs --save_dir DIR (a train_reward / train_policy save dir)')
+    paths = [plots.plot_combined(save_dir, out, title=title)] if out else plots.plot_learning_curves(save_dir)
+    for path in paths:
+        print(path)
+
+
 # A dict of commands, as the original (launch.main is its fire-like command line).
 COMMANDS = dict(
     sample=launch_sample,
     export=launch_export,
+    plot=launch_plot,
 )
 
 if __name__ == '__main__':

@@ -1,4 +1,4 @@
-"""The offline demo end to end, shortened (lm_human_preferences/demo.py through `launch.py train_policy
+"""The offline demo end to end, shortened (lm_human_preferences/demo/commands.py through `launch.py train_policy
 demo`): the policy's samples score higher by the rule after PPO, and the reward model beats chance."""
 import dataclasses
 import importlib.util
@@ -9,7 +9,8 @@ import numpy as np
 import torch
 import pytest
 
-from lm_human_preferences import demo, label_types
+from lm_human_preferences import label_types
+from lm_human_preferences.demo import commands as demo
 from lm_human_preferences.language import encodings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -69,6 +70,6 @@ def test_short_demo_learns(tmp_path, short_demo):
     ppo = report['ppo']
     assert ppo['kl_target'] == 4.0 and ppo['ppo_batches'] == 30 and ppo['kl'] > 0
 
-    # The learning curves were plotted at the end of both trainers.
-    for png in ('train_reward_curves.png', 'train_policy_curves.png'):
+    # The learning curves were plotted at the end of both trainers, and all of them in the demo's figure.
+    for png in ('train_reward_curves.png', 'train_policy_curves.png', 'demo_curves.png'):
         assert (save_dir / png).read_bytes()[:4] == b'\x89PNG'

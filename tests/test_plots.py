@@ -94,18 +94,20 @@ def test_errors(tmp_path):
 
 
 def test_cli_combined_figure(tmp_path):
+    """`python sample.py plot`: the per-trainer PNGs again, or every panel in one figure."""
     _policy_run(tmp_path)
     _reward_run(tmp_path)
     out = tmp_path / 'fig' / 'combined.png'
-    result = subprocess.run([sys.executable, '-m', 'lm_human_preferences.utils.plots', str(tmp_path), '--out', str(out)],
+    result = subprocess.run([sys.executable, 'sample.py', 'plot', '--save_dir', str(tmp_path), '--out', str(out)],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert _is_png(out)
+    assert _is_png(out) and result.stdout == f'{out}\n'
     empty = tmp_path / 'empty'
     empty.mkdir()
-    result = subprocess.run([sys.executable, '-m', 'lm_human_preferences.utils.plots', str(empty)],
+    result = subprocess.run([sys.executable, 'sample.py', 'plot', '--save_dir', str(empty)],
                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and 'error: no stats to plot' in result.stderr
+    assert result.returncode == 1 and result.stderr == f'error: no stats to plot in {empty}: expected ' \
+        'train_reward_stats.jsonl or train_policy_stats.jsonl\n'
 
 
 def test_combined_figure_panels(tmp_path, monkeypatch):
@@ -115,9 +117,9 @@ def test_combined_figure_panels(tmp_path, monkeypatch):
     monkeypatch.setattr(plots, '_draw', lambda panels, out, *, title: titles.extend(t for _, t in panels) or out)
     plots.plot_combined(str(tmp_path), str(tmp_path / 'a.png'))
     assert titles == [t for _, t in plots.POLICY_PANELS] + [t for _, t in plots.REWARD_PANELS]
-    # A demo run's report adds the rule score of samples before and after PPO.
-    (tmp_path / 'demo_report.json').write_text(json.dumps(
-        {'rule_score': {'n': 256, 'before': {'mean': 2.8, 'std': 1.2}, 'after': {'mean': 5.2, 'std': 1.5}}}))
+    # Extra panels come last: the demo adds the rule score of samples before and after PPO.
+    from lm_human_preferences.demo import commands as demo
     titles.clear()
-    plots.plot_combined(str(tmp_path), str(tmp_path / 'b.png'))
+    rule = {'n': 256, 'before': {'mean': 2.8, 'std': 1.2}, 'after': {'mean': 5.2, 'std': 1.5}}
+    plots.plot_combined(str(tmp_path), str(tmp_path / 'b.png'), extra_panels=[demo.rule_panel(rule)])
     assert titles[-1] == 'demo: rule score of samples on 256 test queries' and len(titles) == 8

@@ -28,7 +28,6 @@ from tqdm import tqdm
 
 from lm_human_preferences.datasets.books import books_texts
 from lm_human_preferences.datasets.cnndm import cnndm_texts
-from lm_human_preferences.datasets.demo import demo_texts
 from lm_human_preferences.datasets.local import local_texts
 from lm_human_preferences.datasets.tldr import tldr_texts
 from lm_human_preferences.utils import core, files, gcs, ranks
@@ -333,14 +332,6 @@ Tldr = Dataset(
 Books = Dataset(
     "books",
     texts=books_texts,
-)
-
-# Ours: the offline demo's built-in story (lm_human_preferences/demo.py). Not cached as texts: it ships
-# with the code.
-Demo = Dataset(
-    "demo",
-    texts=demo_texts,
-    cache_texts=False,
 )
 
 def test_generator(mode, seed=0, shuffle=False):

@@ -1,7 +1,6 @@
 """Pretrained / trained models (port of the original language/trained_models.py).
 
-A model is named as in the original: 'test' (tiny, randomly initialised), 'demo' (ours: the offline
-demo's small model in saved_models_dir()/demo, made by demo.py), a GPT-2 release ('124M',
+A model is named as in the original: 'test' (tiny, randomly initialised), a GPT-2 release ('124M',
 downloaded from OpenAI's public bucket and converted once into saved_models_dir()/<name>), or a
 directory holding either one of our checkpoints (language/checkpoints.py) or an original TF
 checkpoint (converted on first use into a cache dir under saved_models_dir()/converted).
@@ -30,14 +29,6 @@ class TrainedModel():
         if name == 'test':
             self.savedir = None
             self.encoding = encodings.Test
-        elif name == 'demo':
-            # Ours: the offline demo's small character-level model, pretrained by demo.py into
-            # saved_models_dir()/demo (`python launch.py train_policy demo NAME` makes it).
-            self.savedir = savedir if savedir else os.path.join(gcs.saved_models_dir(), 'demo')
-            if not os.path.isdir(self.savedir):
-                raise FileNotFoundError(f"model 'demo': {self.savedir} does not exist (the demo commands "
-                                        f"`python launch.py train_policy demo NAME` / `train_reward demo NAME` make it)")
-            self.encoding = checkpoints.read_encoding(self.savedir)
         else:
             # The original's default savedir was gs://gpt-2/models/<name>; a name that is a path is a
             # local model dir, and an https URL is an original TF run dir (e.g. OpenAI's released

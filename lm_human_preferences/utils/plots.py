@@ -1,16 +1,13 @@
 """Learning curves from a run's stats files, as PNG (no original: it had TensorBoard only).
 
 The trainers append one JSON line per logged step to <save_dir>/train_reward_stats.jsonl and
-<save_dir>/train_policy_stats.jsonl (utils.core.record_stats) and call plot_learning_curves(save_dir)
-at the end, which writes train_reward_curves.png / train_policy_curves.png beside them.
-
-    python -m lm_human_preferences.utils.plots SAVE_DIR              # both PNGs, into SAVE_DIR
-    python -m lm_human_preferences.utils.plots SAVE_DIR --out F.png  # all panels in one figure
+<save_dir>/train_policy_stats.jsonl (utils/run.py) and call plot_learning_curves(save_dir) at the end,
+which writes train_reward_curves.png / train_policy_curves.png beside them. The command line is
+`python sample.py plot --save_dir SAVE_DIR [--out F.png]`.
 
 A metric missing from the stats (an older run, a fixed KL coefficient) only drops its panel.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -18,7 +15,6 @@ import sys
 STATS_FILES = dict(reward='train_reward_stats.jsonl', policy='train_policy_stats.jsonl')
 HPARAMS_FILES = dict(reward='train_reward_hparams.json', policy='train_policy_hparams.json')
 PNG_FILES = dict(reward='train_reward_curves.png', policy='train_policy_curves.png')
-DEMO_REPORT = 'demo_report.json'  # written by the offline demo (demo.py) after training
 
 # (metric, panel title) per panel, in order.
 POLICY_PANELS = [
@@ -134,24 +130,6 @@ def _panels(save_dir, kind):
             for m, title in REWARD_PANELS if present[m]]
 
 
-def _demo_panel(save_dir):
-    """The demo's rule score of samples before and after PPO (demo_report.json), or None."""
-    path = os.path.join(save_dir, DEMO_REPORT)
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        rule = json.load(f).get('rule_score')
-    if not rule:
-        return None
-
-    def draw(ax):
-        stats = [rule['before'], rule['after']]
-        names = [f"{name}\n{s['mean']:.2f} ± {s['std']:.2f}" for name, s in zip(('initial policy', 'trained policy'), stats)]
-        ax.bar(names, [s['mean'] for s in stats], yerr=[s['std'] for s in stats], capsize=6, color=['C7', 'C0'])
-        ax.set_ylabel('rule score (mean ± std)')
-    return draw, f"demo: rule score of samples on {rule['n']} test queries"
-
-
 def _draw(panels, out, *, title):
     import matplotlib
     matplotlib.use('Agg')  # headless: no display on training machines
@@ -192,30 +170,10 @@ def plot_learning_curves(save_dir):
     return written
 
 
-def plot_combined(save_dir, out, *, title=None):
-    """All panels of both stats files of save_dir (policy first), and the demo's rule score when the
-    dir holds a demo report, in one figure at out."""
+def plot_combined(save_dir, out, *, title=None, extra_panels=()):
+    """All panels of both stats files of save_dir (policy first), and extra_panels ((draw(ax), title)
+    pairs, e.g. the demo's rule score), in one figure at out."""
     panels = [p for kind in ('policy', 'reward') for p in (_panels(save_dir, kind) or [])]
     if not panels:
         raise FileNotFoundError(f'no stats to plot in {save_dir}: expected {" or ".join(STATS_FILES.values())}')
-    demo = _demo_panel(save_dir)
-    return _draw(panels + ([demo] if demo else []), out, title=title or os.path.normpath(save_dir))
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description='Plot the learning curves of a train_reward / train_policy save dir.')
-    parser.add_argument('save_dir')
-    parser.add_argument('--out', help='write all panels into this one PNG instead of the per-trainer PNGs in SAVE_DIR')
-    parser.add_argument('--title', help='figure title (with --out; default: SAVE_DIR)')
-    args = parser.parse_args(argv)
-    try:
-        paths = [plot_combined(args.save_dir, args.out, title=args.title)] if args.out else plot_learning_curves(args.save_dir)
-    except (FileNotFoundError, ValueError) as e:
-        print(f'error: {e}', file=sys.stderr)
-        sys.exit(2)
-    for p in paths:
-        print(p)
-
-
-if __name__ == '__main__':
-    main()
+    return _draw(panels + list(extra_panels), out, title=title or os.path.normpath(save_dir))

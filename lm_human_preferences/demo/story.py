@@ -1,6 +1,6 @@
-"""Built-in text for the offline demo (lm_human_preferences/demo.py; no original).
+"""Built-in text for the offline demo (demo/commands.py; no original), and its `demo` query dataset.
 
-`demo_story.txt` beside this file is a short story written for this project (MIT, as the rest of the
+`story.txt` beside this file is a short story written for this project (MIT, as the rest of the
 repository): about 1,700 words of plain English. The demo pretrains its small character-level model
 on it and draws its queries from it, so the demo needs no download.
 
@@ -12,7 +12,9 @@ punctuation never turn into stray '.' tokens.
 import re
 from pathlib import Path
 
-STORY_PATH = Path(__file__).with_name('demo_story.txt')
+from lm_human_preferences.language import datasets
+
+STORY_PATH = Path(__file__).with_name('story.txt')
 
 # Passages: WORDS_PER_PASSAGE consecutive words starting at every word, so that a short corpus still
 # gives one query per word. The last TEST_FRACTION of the story is the test split (contiguous, so
@@ -38,3 +40,12 @@ def demo_texts(mode):
     else:
         raise ValueError(f"unknown mode '{mode}' for the demo dataset (expected 'train' or 'test')")
     return [' '.join(words[i:i + WORDS_PER_PASSAGE]) for i in range(len(words) - WORDS_PER_PASSAGE + 1)]
+
+
+# The demo's query dataset (task.query_dataset 'demo'), registered when the demo is imported. Not cached
+# as texts: it ships with the code.
+Demo = datasets.Dataset(
+    "demo",
+    texts=demo_texts,
+    cache_texts=False,
+)

@@ -44,13 +44,13 @@ import torch.nn.functional as F
 
 from lm_human_preferences import label_types, lm_tasks, train_policy as train_policy_module, \
     train_reward as train_reward_module
-from lm_human_preferences.datasets.demo import demo_corpus
+from lm_human_preferences.demo.story import demo_corpus
 from lm_human_preferences.language import checkpoints, encodings, model, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import gcs
+from lm_human_preferences.utils import gcs, plots
 
-DEMO_MODEL = 'demo'     # task.policy.initial_model: the pretrained model in saved_models_dir()/demo
+DEMO_MODEL = 'demo'     # task.policy.initial_model: the pretrained model in saved_models_dir()/demo (resolved here)
 LABELS_SOURCE = 'demo'  # labels.source: generate the labels with THE RULE into the save dir
 RULE_LETTER = 'e'
 
@@ -249,12 +249,18 @@ def rule_ceiling(records, encoder):
     return float(np.mean(inverse_ties))
 
 
+def resolve_initial_model(task):
+    """task.policy.initial_model 'demo' names the pretrained model, made once (ensure_pretrained): the
+    trainers get its directory. Collective."""
+    if task.policy.initial_model == DEMO_MODEL:
+        task.policy.initial_model = ensure_pretrained()
+
+
 def prepare_reward_training(hparams: train_reward_module.HParams, save_dir):
     """Make the initial model and, for labels.source 'demo', the labels (<save_dir>/demo_labels.json;
     a resumed run reuses them), and point labels.source at them. Collective. Returns the held-out
     accuracy a perfect learner of the rule would reach (rank 0; None when the labels are not ours)."""
-    if hparams.task.policy.initial_model == DEMO_MODEL:
-        ensure_pretrained()
+    resolve_initial_model(hparams.task)
     if hparams.labels.source != LABELS_SOURCE:
         return None
     if not save_dir:
@@ -389,12 +395,28 @@ def _cpu_threads():
         torch.set_num_threads(saved)
 
 
+def rule_panel(rule):
+    """A learning-curve panel (utils/plots.py) of the rule score of samples before and after PPO."""
+    def draw(ax):
+        stats = [rule['before'], rule['after']]
+        names = [f"{name}\n{s['mean']:.2f} ± {s['std']:.2f}" for name, s in zip(('initial policy', 'trained policy'), stats)]
+        ax.bar(names, [s['mean'] for s in stats], yerr=[s['std'] for s in stats], capsize=6, color=['C7', 'C0'])
+        ax.set_ylabel('rule score (mean ± std)')
+    return draw, f"demo: rule score of samples on {rule['n']} test queries"
+
+
 def _finish(report, save_dir):
+    """Print the report and, in the save dir, write it and one figure of every curve and the rule score
+    (<save_dir>/demo_curves.png, which the README shows as static/demo_curves.png)."""
     if utils.is_root():
         print(format_report(report))
         if save_dir:
             with open(os.path.join(save_dir, 'demo_report.json'), 'w') as f:
                 json.dump(report, f, indent=2)
+            extra = [rule_panel(report['rule_score'])] if report.get('rule_score') else []
+            path = plots.plot_combined(save_dir, os.path.join(save_dir, 'demo_curves.png'), extra_panels=extra,
+                                       title=f'python launch.py train_policy demo {os.path.basename(save_dir)}')
+            print(f'demo: all curves in {path}')
     return report
 
 
@@ -431,10 +453,9 @@ def _train_policy(hparams):
         raise ValueError('the demo needs run.save_dir: the report compares the saved policy with the initial one')
     reward_hparams = hparams.rewards.train_new_model
     ceiling = None
+    resolve_initial_model(hparams.task)
     if reward_hparams is not None:
         ceiling = prepare_reward_training(reward_hparams, save_dir)
-    elif hparams.task.policy.initial_model == DEMO_MODEL:
-        ensure_pretrained()
 
     train_policy_module.train(hparams)
 

@@ -26,7 +26,3 @@ def _isolated_caches(tmp_path_factory, monkeypatch):
     cache = tmp_path_factory.getbasetemp() / 'caches'
     monkeypatch.setenv('LMHP_DATASETS_DIR', str(cache / 'datasets'))
     monkeypatch.setenv('LMHP_SAVED_MODELS_DIR', str(cache / 'saved_models'))
-
-
-def pytest_configure(config):
-    config.addinivalue_line('markers', 'slow: an end-to-end run of seconds to a minute (the fast tier: -m "not slow")')

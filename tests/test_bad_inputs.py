@@ -29,6 +29,8 @@ from lm_human_preferences.language import checkpoints, trained_models
 from lm_human_preferences.utils import checkpointing, core
 from test_resume import NAME, TEST_TASK, finish, last_line, launch_cli, run_in_process, write_labels
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite only (the fast tier is -m "not slow")
+
 REWARD_ARGS = ['--labels.num_train', '16', '--batch_size', '8', '--normalize_before', 'false',
                '--normalize_after', 'false', '--run.save_interval', '1', '--run.seed', '1', *TEST_TASK]
 POLICY_ARGS = ['--rewards.train_new_model', 'off', '--ppo.batch_size', '8', '--ppo.total_episodes', '16',
@@ -254,7 +256,7 @@ def test_fails_with_one_line_and_keeps_checkpoints(results, name):
     if name == 'pickle_reward_model':
         assert not r['marker'].exists()  # never unpickled
     if name == 'all_train_states_corrupt':
-        assert 'CheckpointWarning: skipping training state 2 in ' in r['err']
+        assert 'warning: skipping training state 2 in ' in r['err']
         assert 'state-1.safetensors: checksum mismatch (the file is corrupt)' in r['err']
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite only (the fast tier is -m "not slow")
+
 pytest.importorskip('transformers', reason='the benchmark compares against transformers (requirements-test.txt)')
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -356,6 +356,7 @@ def _two_process_worker(save_dir, out_dir):
         json.dump(result, f)
 
 
+@pytest.mark.slow
 def test_two_processes(tmp_path, monkeypatch):
     monkeypatch.setenv('LMHP_DIST_BACKEND', 'gloo')
     # 4 ranks in 2 processes: every rank's streams are gathered to process 0, and each restores its own.

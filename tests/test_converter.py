@@ -163,6 +163,7 @@ def assert_no_pickle(directory):
 
 # --- the GPT-2 124M release ----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_gpt2_124m_name_map(tf, shared_dir):
     """The converter's map covers all 148 variables of OpenAI's 124M checkpoint (its index is enough to
     list them; the weights are not in ../shared), 124,439,808 parameters, onto our Model's parameters."""
@@ -425,6 +426,7 @@ def test_safetensors_whose_header_length_starts_like_a_pickle(tmp_path):
     assert torch.equal(checkpoints.load_checkpoint(str(path))['model.' + 'w' * n], torch.arange(3.0))
 
 
+@pytest.mark.slow
 def test_runs_without_tensorflow(tmp_path, shared_dir):
     """Everything but conversion imports and runs with tensorflow unimportable."""
     script = textwrap.dedent(f'''

@@ -158,6 +158,7 @@ def _shard_worker(root, out_dir):
         data.next_batch(3)  # which rank's? this process carries two
 
 
+@pytest.mark.slow
 def test_four_ranks_in_two_processes_take_every_fourth_query(tmp_path, test_encoder):
     texts = corpus_texts(40)
     root = write_corpus(tmp_path / 'corpus', texts)

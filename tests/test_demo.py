@@ -13,6 +13,8 @@ from lm_human_preferences import label_types
 from lm_human_preferences.demo import commands as demo
 from lm_human_preferences.language import encodings
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite only (the fast tier is -m "not slow")
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location('top_launch', REPO_ROOT / 'launch.py')
 top_launch = importlib.util.module_from_spec(_spec)

@@ -179,6 +179,7 @@ def _trainer_or_skip(command):
         pytest.skip(f'lm_human_preferences.{command} is not importable yet: {e}')
 
 
+@pytest.mark.slow
 def test_unknown_experiment_via_command_line():
     p = _run_launch_py('train_reward', 'nosuch', 'x', '--dry_run')
     out, err = p.communicate(timeout=60)
@@ -187,6 +188,7 @@ def test_unknown_experiment_via_command_line():
                           "descriptiveness, cnndm, tldr") and err.count('\n') == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('command', ['train_reward', 'train_policy'])
 def test_dry_run_every_experiment(command, tmp_path):
     _trainer_or_skip(command)
@@ -273,6 +275,7 @@ def gloo(monkeypatch):
     monkeypatch.setenv('LMHP_DIST_BACKEND', 'gloo')
 
 
+@pytest.mark.slow
 def test_four_ranks_in_two_gloo_workers(tmp_path, gloo):
     httpd = ThreadingHTTPServer(('127.0.0.1', 0), _Handler)
     httpd.requests = []
@@ -312,6 +315,7 @@ def _failing_command(exp, name):
     launch.launch(name, partial(_failing_worker, dict(bug=RuntimeError, input=ValueError)[exp]), mpi=2, procs=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('kind', ['bug', 'input'])
 def test_raising_worker_ends_launch(capsys, gloo, kind):
     """A worker that raises ends the launch in seconds: a bug with its traceback, a bad input (a
@@ -334,6 +338,7 @@ def _group_check(out_path):
         json.dump([dist.is_initialized(), dist.get_world_size(), core.get_world_size(), list(core.local_ranks())], f)
 
 
+@pytest.mark.slow
 def test_torchrun_env_joins_existing_group(tmp_path, monkeypatch):
     # As under torchrun: the env describes the group (here one process); launch joins it in this process,
     # whose processes then carry the `mpi` ranks.
@@ -363,6 +368,7 @@ print(applied, rss_mb() - before)
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='glibc malloc tuning is Linux-only')
 @pytest.mark.parametrize('user_setting', [False, True])
 def test_reuse_freed_memory(user_setting):

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -11,6 +13,7 @@ def test_datasets_dir_is_not_a_package():
     assert not (REPO_ROOT / 'datasets' / '__init__.py').exists()
 
 
+@pytest.mark.slow
 def test_import_datasets_from_repo_root_gets_the_library():
     # `python -c` puts the current directory first on sys.path: exactly where shadowing would happen.
     out = subprocess.run([sys.executable, '-c', "import datasets; print(datasets.__file__); print(hasattr(datasets, 'load_dataset'))"],

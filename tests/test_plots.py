@@ -93,6 +93,7 @@ def test_errors(tmp_path):
         plots.plot_learning_curves(str(tmp_path))
 
 
+@pytest.mark.slow
 def test_cli_combined_figure(tmp_path):
     """`python sample.py plot`: the per-trainer PNGs again, or every panel in one figure."""
     _policy_run(tmp_path)

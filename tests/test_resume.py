@@ -28,6 +28,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 import launch as top_launch  # noqa: E402  (the top-level launch.py)
 
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite only (the fast tier is -m "not slow")
+
 NAME = 'run'  # launch.py saves into <--save_dir>/<name>
 
 def tiny_task(dataset='test'):

@@ -46,6 +46,7 @@ with run._locked({save_dir!r}):
 """
 
 
+@pytest.mark.slow
 def test_a_save_dir_in_use_is_refused_and_a_dead_holder_taken_over(tmp_path):
     save_dir = tmp_path / 'run'
     save_dir.mkdir()
@@ -71,6 +72,7 @@ def test_lock_is_reentrant_in_one_process(tmp_path):
         pass
 
 
+@pytest.mark.slow
 def test_stale_temporaries_are_removed(tmp_path):
     save_dir = tmp_path / 'run'
     (save_dir / 'policy' / 'checkpoints').mkdir(parents=True)
@@ -93,6 +95,21 @@ def test_a_run_without_a_saved_state_starts_its_stats_again(tmp_path):
     assert jsonl_steps(save_dir / 'train_policy_stats.jsonl') == list(range(6))
     assert all(json.loads(line)['objective/kl'] != 9.0
                for line in (save_dir / 'train_policy_stats.jsonl').read_text().splitlines())
+
+
+def test_stats_log_writes_jsonl_and_tensorboard(tmp_path, capsys):
+    log = run.StatsLog(save_dir=str(tmp_path), kind='train_policy', log_interval=2)
+    for step in range(3):
+        assert log.log({'objective/kl': 0.5 * step, 'ppo/lr': 1e-5}, step)['objective/kl'] == 0.5 * step
+    log.close()
+    assert capsys.readouterr().out.count('| step') == 2  # the table at steps 0 and 2
+    lines = [json.loads(line) for line in (tmp_path / 'train_policy_stats.jsonl').read_text().splitlines()]
+    assert lines == [{'step': s, 'objective/kl': 0.5 * s, 'ppo/lr': 1e-5} for s in range(3)]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(tmp_path / 'tb' / 'ppo'))
+    acc.Reload()
+    assert [e.value for e in acc.Scalars('objective/kl')] == [0.0, 0.5, 1.0]
+    assert log.last == {'objective/kl': 1.0, 'ppo/lr': 1e-5}
 
 
 def test_rewind_drops_later_steps_and_a_cut_line_with_a_warning(tmp_path):
@@ -153,6 +170,7 @@ def test_read_only_save_dir_is_one_line(tmp_path):
         save_dir.chmod(0o700)
 
 
+@pytest.mark.slow
 def test_read_only_save_dir_via_the_command_line(tmp_path):
     """As root (CI), a read-only bind cannot be made: a save dir whose path runs through a file gives the
     same kind of OSError, and the command line reports it in one line, before any model is built."""
@@ -256,6 +274,7 @@ def test_wandb_problems_are_one_line_at_launch(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / 'x').exists()
 
 
+@pytest.mark.slow
 def test_wandb_logs_both_phases_of_train_policy(tmp_path, monkeypatch):
     pytest.importorskip('wandb')
     monkeypatch.setenv('WANDB_MODE', 'offline')

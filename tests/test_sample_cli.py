@@ -58,6 +58,7 @@ def run_sample(*args):
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_samples_from_our_save_dir(run_dir):
     proc = run_sample('--save_dir', str(run_dir), '--nsamples', '4', '--batch_size', '2', '--seed', '3',
                       '--temperature', '0.7')
@@ -79,6 +80,7 @@ def test_sampling_is_seeded(run_dir, sample_cli, capsys):
     assert len(outs[0]) == 8 and outs[0] == outs[1]
 
 
+@pytest.mark.slow
 def test_missing_save_dir_is_one_line_error(tmp_path):
     missing = tmp_path / 'nope'
     proc = run_sample('--save_dir', str(missing), '--nsamples', '2')
@@ -104,6 +106,7 @@ def test_other_errors_name_the_path(tmp_path, run_dir, sample_cli, capsys):
     assert 'hold only the policy' in error(['--save_dir', str(run_dir), '--savescope', 'ref_policy'])
 
 
+@pytest.mark.slow
 def test_samples_from_an_original_tf_run_dir(tmp_path, sample_cli, capsys, monkeypatch):
     tf = pytest.importorskip('tensorflow')
     from test_converter import expected_state, write_original_save_dirs

@@ -382,6 +382,7 @@ def test_trainer_loss_wiring_against_numpy():
     assert all(p.grad is not None for p in trainer.policy.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('bf16', [False, True])
 def test_first_minibatch_ratio_is_one(tmp_path, monkeypatch, bf16):
     """PPO's ratio new / old probability is exactly 1 at the first minibatch of the first epoch (nothing has

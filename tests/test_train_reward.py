@@ -112,6 +112,7 @@ def _assert_normalized(norm, target, *, samples):
     assert norm['before'][1] > 0
 
 
+@pytest.mark.slow
 def test_normalize_before():
     results = train_reward_test({
         'normalize_before': True,
@@ -123,6 +124,7 @@ def test_normalize_before():
     assert 'normalize_after' not in results
 
 
+@pytest.mark.slow
 def test_normalize_both():
     results = train_reward_test({
         'normalize_before': True,

@@ -114,4 +114,5 @@ def make_query_sampler(*, hparams: TaskHParams, encoder, batch_size: int, mode='
     def sampler():
         context_tokens = data.next_batch(batch_size).to(device)
         return dict(tokens=context_tokens)
+    sampler.fingerprint = data.fingerprint  # ours: a run records which queries it used
     return sampler

@@ -532,6 +532,8 @@ def train(hparams: HParams):
         # sync_models: every rank starts from rank 0's weights (for random 'test' models they differ).
         utils.sync_params(list(score_model.parameters()) + list(ref_policy.parameters()) + list(policy.parameters()))
 
+        # Ours: the run records which queries it uses, and refuses to resume on others.
+        run.record_data('queries', query_sampler.fingerprint)
         # Ours: continue from the last training state in the save dir, if any.
         state = run.resume(modules=dict(policy=policy), optimizer=ppo_trainer.optimizer,
                            samplers=dict(query=ppo_trainer.query_sampler), model=(policy, m.hparams(), m.encoding))

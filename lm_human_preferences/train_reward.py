@@ -6,6 +6,7 @@ labels' scale) and after (to mean 0, std 1) on samples of the initial policy. Di
 original are commented where they happen and listed in PORTING.md.
 """
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Optional
@@ -144,6 +145,17 @@ def download_labels(source, label_type, question_schemas, total_labels, *, n_voc
         return {k: torch.from_numpy(np.asarray([r[k] for r in records], dtype=_numpy_dtype(s.dtype)))
                 for k, s in schemas.items()}
     return stack(results[:total_labels]), stack(results[total_labels:])
+
+
+def label_fingerprint(train, held_out):
+    """What identifies a run's labels: the sha256 of the records it read (train, then held out) and
+    their number. The same records give the same fingerprint, wherever the file lives."""
+    h = hashlib.sha256()
+    for labels in (train, held_out):
+        for k in sorted(labels or {}):
+            h.update(k.encode() + labels[k].numpy().tobytes())
+    count = sum(len(next(iter(labels.values()))) for labels in (train, held_out) if labels)
+    return dict(sha256=h.hexdigest(), records=count)
 
 
 class RewardModelTrainer():
@@ -390,6 +402,10 @@ class RewardModelTrainer():
         )
 
         self.add_to_buffer(labels)
+        # Ours: the run records which labels and queries it trains on, and refuses to resume on others.
+        self.run.record_data('labels', label_fingerprint(labels, self.held_out_labels))
+        if self.query_sampler is not None:
+            self.run.record_data('queries', self.query_sampler.sampler.fingerprint)
 
         # Ours: continue from the last training state in the save dir, if any (after the labels are
         # checked, so a resumed run validates its inputs too).

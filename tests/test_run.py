@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lm_human_preferences import train_policy
+from lm_human_preferences import train_policy, train_reward
 from lm_human_preferences.language import checkpoints
 from lm_human_preferences.utils import checkpointing, run
 from test_resume import env
@@ -291,3 +291,36 @@ def test_wandb_logs_both_phases_of_train_policy(tmp_path, monkeypatch):
     assert ids['train_reward'] != ids['train_policy']
     for run_id in ids.values():
         assert list(save_dir.glob(f'wandb/offline-run-*-{run_id}/run-{run_id}.wandb'))
+
+
+# ---- which data a run used ----
+
+def reward_hparams(save_dir, labels_path):
+    hparams = train_reward.HParams()
+    hparams.override_from_dict({
+        'task.policy.initial_model': 'test', 'task.query_dataset': 'test', 'task.query_length': 2,
+        'task.response_length': 3, 'labels.type': 'best_of_4', 'labels.source': str(labels_path),
+        'labels.num_train': 16, 'batch_size': 8, 'rollout_batch_size': 8, 'normalize_before': True,
+        'normalize_samples': 8, 'run.seed': 1, 'run.save_dir': str(save_dir)})
+    hparams.validate()
+    return hparams
+
+
+def test_a_rerun_on_changed_labels_is_refused(tmp_path):
+    from test_resume import write_labels
+    labels = write_labels(tmp_path / 'labels.json', 20)
+    save_dir = tmp_path / 'run'
+    train_reward.train(reward_hparams(save_dir, labels))
+    data = json.loads((save_dir / 'train_reward_data.json').read_text())
+    assert data['labels']['records'] == 20 and len(data['labels']['sha256']) == 64
+    assert data['queries'] == {'dataset': 'test', 'mode': 'train', 'source': 'generator'}
+    train_reward.train(reward_hparams(save_dir, labels))  # the same labels: resumes (already finished)
+    records = json.loads(labels.read_text())
+    records[3]['best'] = (records[3]['best'] + 1) % 4
+    labels.write_text(json.dumps(records))
+    before = sorted(p.name for p in save_dir.rglob('*'))
+    with pytest.raises(checkpointing.IncompatibleRunError,
+                       match=rf'^{save_dir} holds a run on other labels: it recorded sha256 [0-9a-f]+, records 20, '
+                             r'this run has sha256 [0-9a-f]+, records 20\. To resume it, give it its labels again'):
+        train_reward.train(reward_hparams(save_dir, labels))
+    assert sorted(p.name for p in save_dir.rglob('*')) == before

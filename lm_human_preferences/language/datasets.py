@@ -94,9 +94,10 @@ class Dataset:
             make_texts = partial(self.generator, mode, seed=seed, shuffle=shuffle)
             return RankShards({rank: GeneratorQueries(
                 make_texts, encoder=encoder, cut=cut, num_shards=num_shards, shard_idx=rank,
-                repeat_count=repeat_count, desc=f'{self.name} {mode}') for rank in ranks.local_ranks()})
+                repeat_count=repeat_count, desc=f'{self.name} {mode}') for rank in ranks.local_ranks()},
+                fingerprint=dict(dataset=self.name, mode=mode, source='generator'))
 
-        queries, valid = self._prepared_queries(mode, encoder=encoder, cut=cut)
+        queries, valid, key = self._prepared_queries(mode, encoder=encoder, cut=cut)
         order = list(range(len(queries)))
         if shuffle:
             # The original: random.seed(seed); random.shuffle(datas). A private Random gives the same
@@ -109,11 +110,13 @@ class Dataset:
                 f"dataset {self.name} mode {mode}: none of its {len(queries)} texts gives a query "
                 f"(start_token={start_token}, end_token={end_token}: every text lacks one of them)")
         return RankShards({rank: ArrayQueries(queries, order, num_shards=num_shards, shard_idx=rank,
-                                              repeat_count=repeat_count) for rank in ranks.local_ranks()})
+                                              repeat_count=repeat_count) for rank in ranks.local_ranks()},
+                          fingerprint=dict(dataset=self.name, mode=mode, prepared=key, queries=len(order)))
 
     def _prepared_queries(self, mode, *, encoder, cut):
-        """(queries [n_texts, sequence_length], valid [n_texts] bool) for all texts of the split in source
-        order, from the cache or computed now (and cached)."""
+        """(queries [n_texts, sequence_length], valid [n_texts] bool, key) for all texts of the split in
+        source order, from the cache or computed now (and cached); key identifies them (a hash of the
+        texts, the encoding and the query settings)."""
         texts, texts_id = self._texts_and_id(mode)
         settings = dict(version=_CACHE_VERSION, dataset=self.name, mode=mode, texts_sha1=texts_id,
                         encoder_probe=encoder.encode(_ENCODER_PROBE), **cut.keywords)
@@ -122,7 +125,7 @@ class Dataset:
         # Rank 0's process decides, so that every process takes the same branch (the downloads inside are
         # collective).
         if core.mpi_bcast(os.path.exists(base + '.npy')):
-            return np.load(base + '.npy', mmap_mode='r'), np.load(base + '.valid.npy')
+            return np.load(base + '.npy', mmap_mode='r'), np.load(base + '.valid.npy'), key
 
         # Every process encodes (a minute or two for the largest splits) instead of waiting for rank 0
         # inside a collective, which could time out; rank 0 alone writes the files.
@@ -134,7 +137,7 @@ class Dataset:
             files.atomic_write(base + '.json', json.dumps(settings, indent=2).encode())
             files.atomic_write(base + '.valid.npy', _npy_bytes(valid))
             files.atomic_write(base + '.npy', _npy_bytes(queries))  # last: its presence marks completion
-        return queries, valid
+        return queries, valid, key
 
     def _texts_path(self, mode):
         return os.path.join(gcs.datasets_dir(), self.cache_name, f'{mode}.texts.jsonl')
@@ -186,10 +189,12 @@ def cut_query(tokens, *, sequence_length, start_token, end_token, padding_token)
 
 class RankShards:
     """The query streams of the ranks this process carries: next_batch and next() read the stream of the
-    rank whose section is running (core.get_rank()); a process carrying one rank may call them anywhere."""
+    rank whose section is running (core.get_rank()); a process carrying one rank may call them anywhere.
+    fingerprint: what identifies the queries (a run records it: utils/run.py)."""
 
-    def __init__(self, shards):
+    def __init__(self, shards, *, fingerprint):
         self.shards = shards
+        self.fingerprint = fingerprint
 
     def _shard(self):
         if len(self.shards) > 1 and not ranks.in_section():

@@ -13,6 +13,7 @@ What a save dir holds for a trainer (<scope> is `reward_model` or `policy`):
 
     <save_dir>/.lock                         held (flock) by the process that carries rank 0
     <save_dir>/<kind>_hparams.json           the run's hparams (a rerun with other values is refused)
+    <save_dir>/<kind>_data.json              which labels and queries it used (a rerun on others: refused)
     <save_dir>/<kind>_stats.jsonl            one JSON line per logged step
     <save_dir>/tb/<scope or ppo>/            TensorBoard events
     <save_dir>/<kind>_curves.png             learning curves, at the end
@@ -331,6 +332,30 @@ class Run:
         print(f'{self.kind}: {core.get_world_size()} ranks in {ranks.num_processes()} process(es); {where}')
         print('  ' + ', '.join(f'{k}={flat[k]}' for k in keys))
 
+    def record_data(self, name, fingerprint):
+        """Record in <save_dir>/<kind>_data.json which data the run uses (name: 'labels' or 'queries';
+        fingerprint: a JSON-able dict, e.g. the file's sha256 and record count). A rerun whose data differs
+        from what the run recorded is refused in one line: resuming on other labels would mix two runs.
+        Collective."""
+        if not self.save_dir:
+            return
+        error = None
+        if core.is_root():
+            path = os.path.join(self.save_dir, f'{self.kind}_data.json')
+            recorded = {}
+            if os.path.exists(path):
+                with open(path) as f:
+                    recorded = json.load(f)
+            if name in recorded and recorded[name] != fingerprint:
+                error = (f'{self.save_dir} holds a run on other {name}: it recorded {_brief(recorded[name])}, '
+                         f'this run has {_brief(fingerprint)}. To resume it, give it its {name} again; to start '
+                         f'a new run, choose another --save_dir')
+            elif name not in recorded:
+                files.atomic_write(path, json.dumps(dict(recorded, **{name: fingerprint}), indent=1).encode())
+        error = core.mpi_bcast(error)
+        if error is not None:
+            raise checkpointing.IncompatibleRunError(error)
+
     def resume(self, *, modules: Dict[str, torch.nn.Module], optimizer, samplers=None, model=None):
         """Restore the newest valid training state of the save dir, if any (see utils/checkpointing.py),
         and remember what save() saves: modules, optimizer, samplers, and model = (module, model hparams,
@@ -430,6 +455,10 @@ class Run:
                           f'  export:       python sample.py export --save_dir {self.save_dir} --savescope reward_model '
                           f'--out HF_DIR']
         return '\n'.join(lines)
+
+
+def _brief(fingerprint):
+    return ', '.join(f'{k} {v}' for k, v in fingerprint.items())
 
 
 def _one_line(e, save_dir):

@@ -49,6 +49,7 @@ from lm_human_preferences.language import checkpoints, encodings, model, trained
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import gcs, plots
+from lm_human_preferences.utils.run import Progress
 
 DEMO_MODEL = 'demo'     # task.policy.initial_model: the pretrained model in saved_models_dir()/demo (resolved here)
 LABELS_SOURCE = 'demo'  # labels.source: generate the labels with THE RULE into the save dir
@@ -207,6 +208,7 @@ def make_labels(hparams: train_reward_module.HParams, path, *, num_labels, seed)
     per_rank = utils.ceil_div(num_labels, utils.get_world_size())
     batch_size = min(utils.exact_div(hparams.rollout_batch_size, utils.get_world_size()), per_rank)
     sampler = lm_tasks.make_query_sampler(hparams=task, encoder=encoder, batch_size=batch_size)
+    printing, progress = utils.is_root(), Progress(utils.ceil_div(per_rank, batch_size) * len(utils.local_ranks()))
 
     def rank_records():
         generator = _generator(seed)
@@ -225,6 +227,9 @@ def make_labels(hparams: train_reward_module.HParams, path, *, num_labels, seed)
                 record = dict(query=queries[i].tolist(), best=int(best[i]))
                 record.update({f'sample{j}': s[i].tolist() for j, s in enumerate(samples)})
                 records.append(record)
+            progress.done += 1
+            if printing and progress.tenth():
+                print(f'[demo labels: batch {progress()}]')
         return records[:per_rank]
 
     every_rank = utils.gather_ranks_to_root(utils.for_each_rank(rank_records))

@@ -205,6 +205,34 @@ def test_dry_run_every_experiment(command, tmp_path):
     assert err.startswith("error: x: unknown hyperparameter 'run.sede'") and err.count('\n') == 1, err
 
 
+@pytest.mark.parametrize('command', ['train_reward', 'train_policy'])
+def test_paper_experiments_run_as_the_originals_8_ranks(command, monkeypatch):
+    """The paper's experiments default to the original's 8 ranks (mpi=8), carried on a CPU by one process
+    (on GPUs: one per GPU); ours, test and demo, are sized for one rank. --mpi and --procs override."""
+    calls = {}
+    monkeypatch.setattr(launch, 'launch_trials', lambda name, **kw: calls.__setitem__(name, (kw['mpi'], kw['procs'])))
+    fn = dict(train_reward=top_launch.launch_train_reward, train_policy=top_launch.launch_train_policy)[command]
+    for exp in ('sentiment', 'descriptiveness', 'cnndm', 'tldr', 'test', 'demo'):
+        fn(exp, exp)
+    fn('sentiment', 'custom', mpi=4, procs=2)
+    assert calls == dict(sentiment=(8, None), descriptiveness=(8, None), cnndm=(8, None), tldr=(8, None),
+                         test=(1, None), demo=(1, None), custom=(4, 2))
+    assert launch.default_procs(8) == (max(p for p in (1, 2, 4, 8) if p <= torch.cuda.device_count())
+                                       if torch.cuda.is_available() else 1)
+
+
+def test_rank_and_process_counts_are_checked_at_launch(capsys):
+    for argv, message in [
+            (['--mpi', '8', '--procs', '3'], 'x: --procs 3 must divide --mpi 8 (each process carries the same number '
+                                             'of ranks): choose --procs from [1, 2, 4, 8]'),
+            (['--mpi', '0'], 'x: --mpi 0: the number of ranks must be at least 1'),
+            (['--procs', '0'], 'x: --procs 0: the number of processes must be at least 1')]:
+        with pytest.raises(SystemExit) as e:
+            launch.main(dict(train_policy=top_launch.launch_train_policy), argv=['train_policy', 'test', 'x', *argv])
+        assert e.value.code == 2
+        assert capsys.readouterr().err == f'error: {message}\n'
+
+
 # ---- worker groups ----
 
 class _Handler(BaseHTTPRequestHandler):

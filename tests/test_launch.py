@@ -3,6 +3,7 @@
 The 2-process tests also cover the multi-process side of utils/core.py's distributed helpers and
 utils/gcs.py's rank-0-downloads rule.
 """
+import atexit
 import importlib
 import json
 import os
@@ -295,6 +296,8 @@ def _collectives_worker(out_dir, base_url):
         res['error'] = str(e)
     with open(os.path.join(out_dir, f'process{process}.json'), 'w') as f:
         json.dump(res, f)
+    # A worker ends without Python's finalization (launch.exit_without_finalizing): this never runs.
+    atexit.register(lambda: open(os.path.join(out_dir, f'finalized{process}'), 'w').close())
 
 
 @pytest.fixture
@@ -330,6 +333,7 @@ def test_four_ranks_in_two_gloo_workers(tmp_path, gloo):
     assert len(set(seeded)) == 4  # seed + 100003 * rank: every rank its own stream
     assert p0['process_stream'] == p1['process_stream']  # the processes' own streams: seed, in every one
     assert httpd.requests == ['/data.txt', '/missing']  # only process 0 downloaded
+    assert not list(tmp_path.glob('finalized*'))
 
 
 def _failing_worker(error):

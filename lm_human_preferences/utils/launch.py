@@ -43,20 +43,41 @@ def _backend():
     return os.environ.get('LMHP_DIST_BACKEND') or ('nccl' if torch.cuda.is_available() else 'gloo')
 
 
+_joined_group = False  # whether this process ran in a process group (see exit_without_finalizing)
+
+
 def _run_in_group(f, mpi):
     """Join the process group described by the env (RANK, WORLD_SIZE, MASTER_ADDR/PORT, LOCAL_RANK), run f
     as this process's share of the `mpi` ranks."""
+    global _joined_group
     backend = _backend()
     if backend == 'nccl':
         torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', '0')))
     dist.init_process_group(backend=backend)
+    _joined_group = True
     with ranks.carry(mpi):
         f()
     # Only on success: after a failure a peer may be stuck in a collective, and tearing the group down
-    # could block; the parent kills the workers instead. The barrier first: a rank that tore down its
-    # connections while a peer still finished its last collective made gloo abort that peer (SIGABRT).
+    # could block; the parent kills the workers instead. The barrier first, so that no process tears
+    # down its connections while a peer still finishes its last collective.
     dist.barrier()
     dist.destroy_process_group()
+
+
+def exit_without_finalizing(code):
+    """End a process that ran in a process group, skipping Python's finalization.
+
+    A collective's work object is freed by the gloo thread that ran it when that thread lets go of it,
+    which can be after the main thread has returned from the collective and gone on to exit, and
+    destroy_process_group does not join those threads. Freeing the work's tensors takes the GIL; a
+    thread taking the GIL while Python finalizes is ended with pthread_exit, whose forced unwind through
+    gloo's noexcept destructor calls std::terminate: SIGABRT, "terminate called without an active
+    exception" (2 runs in 100 of tests/test_checkpointing.py's two-process test; a core dump showed
+    ProcessGroupGloo::runLoop -> ~AsyncBroadcastWork -> decref_pyobject -> take_gil -> pthread_exit).
+    Everything of ours is written and closed by then; only the streams need flushing."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def reuse_freed_memory():
@@ -123,7 +144,7 @@ def _worker(local_rank, world_size, port, f, mpi, error_dir):
     try:
         _run_in_group(f, mpi)
     except KeyboardInterrupt:
-        os._exit(_INTERRUPTED_EXIT)  # the trainer said where it stopped (utils/run.py)
+        exit_without_finalizing(_INTERRUPTED_EXIT)  # the trainer said where it stopped (utils/run.py)
     except BaseException as e:
         # For the launcher, which reports the first error: when one worker fails, its peers fail next in a
         # collective (connection closed), and only the first one says why.
@@ -131,7 +152,8 @@ def _worker(local_rank, world_size, port, f, mpi, error_dir):
                       message=str(e) if isinstance(e, (ConfigError,) + INPUT_ERRORS) else traceback.format_exc())
         with open(os.path.join(error_dir, f'error-{local_rank}'), 'w') as out:
             json.dump(report, out)
-        os._exit(_ERROR_EXIT)
+        exit_without_finalizing(_ERROR_EXIT)
+    exit_without_finalizing(0)
 
 
 def default_procs(mpi):
@@ -357,6 +379,8 @@ def main(commands_dict, argv=None):
             else:
                 raise ConfigError(f'{argv[0]} has no option --{key}')
         command(*positional, **kw)
+        if _joined_group:  # under torchrun
+            exit_without_finalizing(0)
     except ConfigError as e:
         print(f'error: {e}', file=sys.stderr)
         sys.exit(2)

@@ -250,6 +250,10 @@ def main(argv=None):
     p.add_argument('--shapes', nargs='+', choices=('books', 'tldr'), default=['books', 'tldr'])
     p.add_argument('--phases', nargs='+', choices=PHASES, default=list(PHASES))
     p.add_argument('--dtypes', nargs='+', choices=('fp32', 'bf16'), default=['fp32', 'bf16'])
+    p.add_argument('--bf16-sizes', choices=('all', 'ends'), default='all',
+                   help='bf16 at every microbatch size, or only at no split and the smallest (a CPU without '
+                        'native bf16 runs it several times slower than fp32)')
+    p.add_argument('--skip', type=str, help='a JSON of an earlier run: its measurements are taken from it')
     p.add_argument('--threads', type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument('--json', help='write every measurement here (after each one too)')
     p.add_argument('--_probe', dest='probe', help=argparse.SUPPRESS)
@@ -265,13 +269,21 @@ def main(argv=None):
     print(f'model: {m}', flush=True)
     started = time.time()
     results, rows = {}, []
+    earlier = {}
+    if args.skip:
+        for row in json.loads(Path(args.skip).read_text())['rows']:
+            earlier[(row['shape'], row['phase'], row['microbatch_size'], row['dtype'])] = {
+                k: row[k] for k in ('peak_mb', 'models_mb', 'seconds')}
     for shape_name in args.shapes:
         shape = shapes[shape_name]
         print(f'\n== {shape} ==', flush=True)
         for phase in args.phases:
-            for k in microbatch_sizes(shape, phase):
+            sizes = microbatch_sizes(shape, phase)
+            for k in sizes:
                 for dtype in args.dtypes:
-                    r = measure(m, shape, phase, dtype, k, args.threads)
+                    if dtype == 'bf16' and args.bf16_sizes == 'ends' and k not in (sizes[0], sizes[-1]):
+                        continue
+                    r = earlier.get((shape_name, phase, k, dtype)) or measure(m, shape, phase, dtype, k, args.threads)
                     results.setdefault((shape_name, phase), {}).setdefault(k, {})[dtype] = r
                     rows.append(dict(shape=shape_name, phase=phase, microbatch_size=k, dtype=dtype, **r))
                     print(f'{shape_name:5s} {phase:11s} K={str(k):4s} {dtype}: peak {gb(r["peak_mb"])} GB '

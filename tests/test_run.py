@@ -324,3 +324,17 @@ def test_a_rerun_on_changed_labels_is_refused(tmp_path):
                              r'this run has sha256 [0-9a-f]+, records 20\. To resume it, give it its labels again'):
         train_reward.train(reward_hparams(save_dir, labels))
     assert sorted(p.name for p in save_dir.rglob('*')) == before
+
+
+def test_fresh_heads_are_one_line_once(tmp_path, capsys):
+    """A policy started from a model without a value head: one line says it starts fresh, once per kind
+    of model and checkpoint (a run builds the policy and the reference from the same one)."""
+    from lm_human_preferences.language import model, trained_models
+    from lm_human_preferences.policy import Policy
+    hp = trained_models.test_hparams()
+    checkpoints.save_checkpoint(str(tmp_path / 'lm'), 3, model.Model(hp), hparams=hp, encoding='test')
+    for _ in range(2):
+        Policy(trained_models.TrainedModel(str(tmp_path / 'lm')))
+    path = tmp_path / 'lm' / 'checkpoints' / 'model-3.safetensors'
+    assert capsys.readouterr().out == (f'Policy from {path}: value head starts fresh (not in the checkpoint), '
+                                       f'as the original intended\n')

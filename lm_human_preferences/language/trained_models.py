@@ -22,6 +22,9 @@ GPT2_RELEASE_FILES = ('checkpoint', 'hparams.json', 'model.ckpt.data-00000-of-00
                       'model.ckpt.meta')
 
 
+_reported_fresh = set()  # (module type, checkpoint) whose fresh heads init_model has reported
+
+
 class TrainedModel():
     def __init__(self, name, *, savedir=None, scope=None):
         self.name = name
@@ -110,10 +113,11 @@ class TrainedModel():
         # The newest checkpoint that verifies (a corrupt newest one is skipped with a warning).
         path, state = checkpoints.load_latest_checkpoint(os.path.dirname(os.path.dirname(path)))
         fresh = checkpoints.load_state(module, state, source=path)
-        if fresh and core.is_root():
-            heads = sorted({k.split('.')[2] if k.startswith('model.heads.') else k.split('.')[0] for k in fresh})
-            print(f'{type(module).__name__} from {path}: {", ".join(heads)} start fresh (not in the checkpoint), '
-                  f'as the original intended')
+        parts = sorted({f'{k.split(".")[2]} head' if k.startswith('model.heads.') else k.split('.')[0] for k in fresh})
+        if parts and core.is_root() and (type(module).__name__, path) not in _reported_fresh:
+            _reported_fresh.add((type(module).__name__, path))  # once per kind of model and checkpoint
+            print(f'{type(module).__name__} from {path}: {" and ".join(parts)} '
+                  f'{"starts" if len(parts) == 1 else "start"} fresh (not in the checkpoint), as the original intended')
 
 
 def _is_path(name):

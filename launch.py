@@ -308,7 +308,8 @@ def launch_train_policy(exp, name, dry_run=False, mpi=None, procs=None, save_dir
 
     launch.launch_trials(
         name, fn=fn, trials=trials, mpi=_default_mpi(exp) if mpi is None else mpi, procs=procs, save_dir=save_dir,
-        hparam_class=train_policy.HParams, extra_hparams=extra_hparams, dry_run=dry_run)
+        hparam_class=train_policy.HParams, extra_hparams=extra_hparams, dry_run=dry_run,
+        hparams_for_ranks=train_policy.check_ranks)
 
 
 def launch_train_reward(exp, name, dry_run=False, mpi=None, procs=None, save_dir=os.path.join(tempfile.gettempdir(), 'save', 'train_reward'), **extra_hparams):
@@ -324,7 +325,8 @@ def launch_train_reward(exp, name, dry_run=False, mpi=None, procs=None, save_dir
 
     launch.launch_trials(
         name, fn=fn, trials=trials, mpi=_default_mpi(exp) if mpi is None else mpi, procs=procs, save_dir=save_dir,
-        hparam_class=train_reward.HParams, extra_hparams=extra_hparams, dry_run=dry_run)
+        hparam_class=train_reward.HParams, extra_hparams=extra_hparams, dry_run=dry_run,
+        hparams_for_ranks=train_reward.check_ranks)
 
 
 # `COMMAND --help`: the experiments, and the hparams most often set (`--dry_run` prints all of them).

@@ -3,7 +3,7 @@ from typing import Optional
 
 import torch
 
-from lm_human_preferences.language import datasets
+from lm_human_preferences.language import datasets, trained_models
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import hyperparams
 
@@ -12,6 +12,11 @@ from lm_human_preferences.utils import hyperparams
 class PolicyHParams(hyperparams.HParams):
     temperature: float = 1.0
     initial_model: str = None
+
+    def validate(self, *, prefix=''):
+        super().validate(prefix=prefix)
+        hyperparams.require(hyperparams.positive(self.temperature), prefix + 'temperature', self.temperature,
+                            'it must be a positive number')
 
 @dataclass
 class TaskHParams(hyperparams.HParams):
@@ -32,6 +37,20 @@ class TaskHParams(hyperparams.HParams):
     penalty_reward_value: int = -1
 
     policy: PolicyHParams = field(default_factory=PolicyHParams)
+
+    def validate(self, *, prefix=''):
+        """Ours: the values a run cannot use, in one line each, at launch."""
+        super().validate(prefix=prefix)
+        for name in ('query_length', 'response_length'):
+            hyperparams.require(getattr(self, name) > 0, prefix + name, getattr(self, name), 'it must be at least 1')
+        hyperparams.require(self.truncate_after >= 0, prefix + 'truncate_after', self.truncate_after,
+                            'it must be at least 0')
+        datasets.check_dataset_name(self.query_dataset, name=prefix + 'query_dataset')
+        n_ctx = trained_models.known_n_ctx(self.policy.initial_model)
+        tokens = self.query_length + self.response_length
+        hyperparams.require(n_ctx is None or tokens <= n_ctx, prefix + 'query_length', self.query_length,
+                            f'with {prefix}response_length {self.response_length} it needs {tokens} positions, '
+                            f'and the model {self.policy.initial_model} has n_ctx {n_ctx}')
 
 #returns a postprocessing function
 #it is applied to responses before they are scored

@@ -83,11 +83,33 @@ class HParams(hyperparams.HParams):
 
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
-        # NOTE: must additionally divide by # ranks
-        minibatch_size = utils.exact_div(self.ppo.batch_size, self.ppo.nminibatches)
-        if self.ppo.whiten_rewards and minibatch_size < 8:
+        # Ours: the values a run cannot use, in one line each, at launch.
+        ppo, require = self.ppo, hyperparams.require
+        for name in ('batch_size', 'nminibatches', 'noptepochs', 'total_episodes'):
+            require(getattr(ppo, name) > 0, f'{prefix}ppo.{name}', getattr(ppo, name), 'it must be at least 1')
+        require(hyperparams.positive(ppo.lr), f'{prefix}ppo.lr', ppo.lr, 'it must be a positive number')
+        # NOTE: must additionally divide by # ranks (check_ranks, at launch)
+        require(ppo.batch_size % ppo.nminibatches == 0, f'{prefix}ppo.batch_size', ppo.batch_size,
+                f'it must be a multiple of {prefix}ppo.nminibatches {ppo.nminibatches}')
+        minibatch_size = ppo.batch_size // ppo.nminibatches
+        if ppo.whiten_rewards and minibatch_size < 8:
             raise ValueError(f"Minibatch size {minibatch_size} (ppo.batch_size / ppo.nminibatches) is "
                              f"insufficient for whitening in PPOTrainer.loss (needs >= 8)")
+
+
+def check_ranks(hparams: HParams, num_ranks):
+    """Ours, at launch (the original asserted the last one inside train): the batches each of num_ranks ranks
+    takes a share of must split evenly, and a rank's minibatch must hold 8 episodes to whiten over."""
+    ppo = hparams.ppo
+    hyperparams.require(ppo.batch_size % (num_ranks * ppo.nminibatches) == 0, 'ppo.batch_size', ppo.batch_size,
+                        train_reward.splits_over(num_ranks, ppo.nminibatches,
+                                                 of=f' of each of the ppo.nminibatches {ppo.nminibatches} minibatches'))
+    per_rank_minibatch_size = ppo.batch_size // (num_ranks * ppo.nminibatches)
+    if ppo.whiten_rewards and per_rank_minibatch_size < 8:
+        raise ValueError(f"Per-rank minibatch size {per_rank_minibatch_size} is insufficient for whitening "
+                         f"(ppo.batch_size / (ppo.nminibatches * --mpi {num_ranks} ranks) must be >= 8)")
+    if hparams.rewards.train_new_model:
+        train_reward.check_ranks(hparams.rewards.train_new_model, num_ranks, prefix='rewards.train_new_model.')
 
 
 def nupdates(hparams):
@@ -519,10 +541,7 @@ def train(hparams: HParams):
             batch_size=utils.exact_div(hparams.ppo.batch_size, utils.get_world_size()),
         )
 
-        per_rank_minibatch_size = utils.exact_div(hparams.ppo.batch_size, hparams.ppo.nminibatches * utils.get_world_size())
-        if hparams.ppo.whiten_rewards and per_rank_minibatch_size < 8:
-            raise ValueError(f"Per-rank minibatch size {per_rank_minibatch_size} is insufficient for whitening "
-                             f"(ppo.batch_size / (ppo.nminibatches * ranks) must be >= 8)")
+        check_ranks(hparams, utils.get_world_size())  # at launch already; here for callers of train()
 
         ppo_trainer = PPOTrainer(
             policy=policy, ref_policy=ref_policy, query_sampler=query_sampler,

@@ -52,8 +52,10 @@ class RunHParams(hyperparams.HParams):
 
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
-        if self.microbatch_size is not None and self.microbatch_size < 1:
-            raise ValueError(f'{prefix}microbatch_size must be at least 1 (or unset: no split), got {self.microbatch_size}')
+        for name in ('save_interval', 'log_interval', 'keep_checkpoints'):
+            hyperparams.require(getattr(self, name) > 0, prefix + name, getattr(self, name), 'it must be at least 1')
+        hyperparams.require(self.microbatch_size is None or self.microbatch_size > 0, prefix + 'microbatch_size',
+                            self.microbatch_size, 'it must be at least 1 (or unset: no split)')
 
     def use_bf16(self):
         """Whether bf16 autocast is on: run.bf16, or (None) whether CUDA is available."""
@@ -85,7 +87,21 @@ class HParams(hyperparams.HParams):
 
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
-        utils.exact_div(self.labels.num_train, self.batch_size)
+        # Ours: the values a run cannot use, in one line each, at launch (the original met some of them
+        # as an assert or a division deep inside the run, and ran with others: batch_size -8 trained 0 steps).
+        require, positive = hyperparams.require, hyperparams.positive
+        for name in ('batch_size', 'rollout_batch_size'):
+            require(getattr(self, name) > 0, prefix + name, getattr(self, name), 'it must be at least 1')
+        require(self.labels.num_train > 0, prefix + 'labels.num_train', self.labels.num_train, 'it must be at least 1')
+        for name in ('normalize_samples', 'debug_normalize'):
+            require(getattr(self, name) >= 0, prefix + name, getattr(self, name), 'it must be at least 0')
+        require(positive(self.lr), prefix + 'lr', self.lr, 'it must be a positive number')
+        try:
+            label_types.get(self.labels.type)
+        except ValueError as e:
+            raise hyperparams.HParamValueError(f"hyperparameter '{prefix}labels.type': {e}") from None
+        require(self.labels.num_train % self.batch_size == 0, prefix + 'labels.num_train', self.labels.num_train,
+                f'it must be a multiple of {prefix}batch_size {self.batch_size} (one epoch of whole minibatches)')
         microbatch_size = self.run.microbatch_size
         if microbatch_size is not None:
             # The label type's loss compares a label's samples in one pass: they share a microbatch.
@@ -94,6 +110,20 @@ class HParams(hyperparams.HParams):
                 raise ValueError(f'{prefix}run.microbatch_size {microbatch_size} is smaller than the {per_label} '
                                  f'sequences of one {self.labels.type} label (its query with each sample), which '
                                  f'the reward model scores in one pass: use at least {per_label}')
+
+
+def check_ranks(hparams: HParams, num_ranks, *, prefix=''):
+    """Ours, at launch: the sizes each of num_ranks ranks takes a share of must split evenly."""
+    sizes = ['batch_size'] + (['rollout_batch_size'] if hparams.normalize_before or hparams.normalize_after else [])
+    for name in sizes:
+        hyperparams.require(getattr(hparams, name) % num_ranks == 0, prefix + name, getattr(hparams, name),
+                            splits_over(num_ranks))
+
+
+def splits_over(num_ranks, parts=1, of=''):
+    """The one-line rule for a size that num_ranks ranks (and `parts` pieces `of` something each) share."""
+    return (f'each of the --mpi {num_ranks} ranks takes an equal share{of}: choose a multiple of {num_ranks * parts} '
+            f'(or another --mpi)')
 
 
 def _numpy_dtype(torch_dtype):

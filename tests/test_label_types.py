@@ -27,8 +27,10 @@ def test_get_and_schemas():
     assert label_types.get('scalar_rating').label_schemas()['score'].dtype == torch.float32
     assert list(label_types.get('scalar_compare').question_schemas(query_length=2, response_length=3)) == [
         'query', 'sample0', 'sample1']
-    with pytest.raises(ValueError, match='Unexpected label type best_of'):
-        label_types.get('best_of')
+    for bad in ('best_of', 'best_of_x', 'best_of_1', 'pairwise'):
+        with pytest.raises(ValueError, match=rf"^unknown label type '{bad}': expected best_of_<N> \(N >= 2\), "
+                                             r"scalar_rating or scalar_compare$"):
+            label_types.get(bad)
 
 
 def test_pick_best_loss_is_softmax_cross_entropy():

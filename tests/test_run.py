@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from lm_human_preferences import train_policy, train_reward
 from lm_human_preferences.language import checkpoints
@@ -148,11 +149,19 @@ def test_checkpoints_pruned_and_states_refer_to_them(tmp_path):
     assert loaded.step == 5
 
 
-def test_non_finite_weights_are_never_saved(tmp_path):
-    """With --ppo.lr nan the first update makes every weight NaN: the run stops before saving them."""
+def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
+    """An update that leaves a weight NaN (with a finite loss and gradient before it: today --ppo.lr nan is
+    refused at launch, which once saved all-NaN weights) stops the run before it saves them."""
+    step = train_policy.utils.AdamTF.step
+
+    def step_then_break(self, *args, **kwargs):
+        step(self, *args, **kwargs)
+        with torch.no_grad():
+            self.param_groups[0]['params'][0].view(-1)[0] = float('nan')
+    monkeypatch.setattr(train_policy.utils.AdamTF, 'step', step_then_break)
     save_dir = tmp_path / 'run'
     with pytest.raises(train_policy.utils.NonFiniteError, match='non-finite policy parameters at step 1'):
-        train_policy.train(policy_hparams(save_dir, **{'ppo.lr': float('nan'), 'run.save_interval': 1}))
+        train_policy.train(policy_hparams(save_dir, **{'run.save_interval': 1}))
     assert checkpoints.checkpoint_steps(save_dir / 'policy') == []
     assert checkpointing.train_state_steps(save_dir / 'policy') == []
 

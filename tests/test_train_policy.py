@@ -257,7 +257,7 @@ def fake_trainer(**overrides):
     hparams.override_from_dict({
         'task.query_length': 2, 'task.response_length': 3, 'ppo.batch_size': 16, 'ppo.nminibatches': 2,
         'ppo.noptepochs': 3, 'ppo.total_episodes': 64, 'ppo.lr': 1e-3, 'run.log_interval': 1,
-        'task.query_dataset': 'unused', 'task.policy.initial_model': 'unused',
+        'task.query_dataset': 'test', 'task.policy.initial_model': 'test',
         'rewards.trained_model': 'unused', 'rewards.adaptive_kl': 'on', 'rewards.adaptive_kl.target': 0.5,
         'rewards.adaptive_kl.horizon': 100, **overrides})
     hparams.validate()
@@ -397,7 +397,8 @@ def test_first_minibatch_ratio_is_one(tmp_path, monkeypatch, bf16):
     policy, ref_policy = Policy(m), Policy(m)
     with torch.no_grad():
         policy.model.heads.value.w.normal_()
-    trainer, _ = fake_trainer(**{'task.query_length': 32, 'task.response_length': 24, 'ppo.noptepochs': 1,
+    trainer, _ = fake_trainer(**{'task.policy.initial_model': str(tmp_path / 'm'),
+                                 'task.query_length': 32, 'task.response_length': 24, 'ppo.noptepochs': 1,
                                  'ppo.batch_size': 64, 'ppo.total_episodes': 64, 'ppo.nminibatches': 1,
                                  'run.bf16': bf16})
     trainer.policy, trainer.ref_policy = policy, ref_policy

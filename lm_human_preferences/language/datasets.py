@@ -311,6 +311,19 @@ def _npy_bytes(array):
     return buf.getvalue()
 
 
+def check_dataset_name(dataset, *, name):
+    """Ours, at launch: a one-line ValueError for a query dataset that does not exist (the hparam is `name`)."""
+    if dataset in _registry:
+        return
+    if isinstance(dataset, str) and dataset.startswith('local:'):
+        directory = os.path.expanduser(dataset[len('local:'):])
+        if not os.path.isdir(directory):
+            raise ValueError(f"hyperparameter '{name}' is {dataset!r}: {directory} is not a directory")
+        return
+    raise ValueError(f"hyperparameter '{name}' is {dataset!r}: choose from {', '.join(sorted(_registry))}, or "
+                     f"local:<directory of .txt files>")
+
+
 def get_dataset(name) -> Dataset:
     """A registered dataset, or `local:<dir>`: the .txt files under <dir> (datasets/local.py)."""
     if name not in _registry and name.startswith('local:'):

@@ -18,6 +18,8 @@ from lm_human_preferences.language import checkpoints, convert_tf, encodings, mo
 from lm_human_preferences.utils import core, gcs
 
 GPT2_MODELS_URL = 'https://openaipublic.blob.core.windows.net/gpt-2/models'
+GPT2_RELEASES = ('124M', '355M', '774M', '1558M')  # the names OpenAI published them under
+GPT2_N_CTX = 1024  # every GPT-2 release's context length
 GPT2_RELEASE_FILES = ('checkpoint', 'hparams.json', 'model.ckpt.data-00000-of-00001', 'model.ckpt.index',
                       'model.ckpt.meta')
 
@@ -147,6 +149,19 @@ def download_tf_model_dir(url):
     for suffix in ('.index', '.data-00000-of-00001'):
         gcs.download_file_cached(f'{url}/checkpoints/{prefix}{suffix}', cache_dir=cache_dir)
     return local
+
+
+def known_n_ctx(name):
+    """Ours, for the launch-time checks: the context length of the model named `name` without downloading
+    anything ('test', a GPT-2 release, or a model dir with hparams.json); None when it is not known yet."""
+    if name == 'test':
+        return test_hparams().n_ctx
+    if name in GPT2_RELEASES:
+        return GPT2_N_CTX
+    path = os.path.join(name, 'hparams.json') if _is_path(name) else None
+    if path and os.path.isfile(path):
+        return checkpoints.load_hparams(path).n_ctx
+    return None
 
 
 def test_hparams():

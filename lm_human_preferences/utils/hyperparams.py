@@ -14,6 +14,7 @@ Differences from the original (all in PORTING.md):
 
 import difflib
 import json
+import math
 import sys
 import types
 import typing
@@ -227,6 +228,17 @@ def dump(hparams, *, name='hparams', out=None):
             else:
                 out.write('%s%s: %s\n' % (indent, f.name, v))
     dump_nested(hparams, indent='  ')
+
+
+def require(ok, name, value, allowed):
+    """Ours: a one-line ValueError naming the hyperparameter, its value and what is allowed, unless ok
+    (the trainers' validate() methods check the values this way, at launch)."""
+    if not ok:
+        raise HParamValueError(f"hyperparameter '{name}' is {value!r}: {allowed}")
+
+
+def positive(value):
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
 def save_json(hparams, path):

@@ -227,10 +227,10 @@ def launch(name, f, *, mpi=1, procs=None) -> None:
 
 
 def launch_trials(name, fn, trials, hparam_class, extra_hparams=None, dry_run=False, mpi=1, procs=None,
-                  save_dir=None):
-    """Build each trial's hparams (bindings, then the command line's extra hparams), validate, and run
-    fn(hparams) as `mpi` ranks in `procs` processes per trial (see launch). With dry_run, print the
-    resolved hparams instead."""
+                  save_dir=None, hparams_for_ranks=None):
+    """Build each trial's hparams (bindings, then the command line's extra hparams), validate (and, ours,
+    hparams_for_ranks(hparams, mpi): the sizes the ranks share), and run fn(hparams) as `mpi` ranks in `procs`
+    processes per trial (see launch). With dry_run, print the resolved hparams instead."""
     if procs is None:
         procs = default_procs(mpi)
     check_ranks(name, mpi, procs)
@@ -255,6 +255,8 @@ def launch_trials(name, fn, trials, hparam_class, extra_hparams=None, dry_run=Fa
                 # Set before validate() (the original set it after) so --dry_run shows the real save dir.
                 hparams.run.save_dir = os.path.join(save_dir, job_name)
             hparams.validate()
+            if hparams_for_ranks is not None:
+                hparams_for_ranks(hparams, mpi)
         except (ValueError, AttributeError, TypeError, AssertionError) as e:
             # The trainers' validate() methods use asserts and exact_div, as the original.
             raise ConfigError(f'{job_name}: {e or type(e).__name__}') from e
@@ -357,6 +359,8 @@ def main(commands_dict, argv=None):
         print(command_help(program, argv[0], commands_dict[argv[0]]))
         sys.exit(0)
     one_line_warnings()
+    global _joined_group
+    _joined_group = False  # set if this command runs in a process group (under torchrun)
     try:
         command = commands_dict.get(argv[0])
         if command is None:

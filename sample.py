@@ -107,6 +107,14 @@ def launch_sample(save_dir=None, savescope='policy', temperature=1.0, seed=None,
     _check_save_dir(save_dir, savescope)
     kwargs = dict(save_dir=save_dir, savescope=savescope, temperature=temperature,
                   seed=_parse('seed', seed, int), batch_size=batch_size, nsamples=nsamples)
+    # Ours: one line for options that cannot work (the original sampled 0 or forever, or crashed later).
+    if batch_size < 1:
+        raise launch.ConfigError(f'--batch_size {batch_size}: it must be at least 1')
+    if nsamples < 0:
+        raise launch.ConfigError(f'--nsamples {nsamples}: it must be at least 0 (0: sample forever)')
+    if not hyperparams.positive(temperature):
+        raise launch.ConfigError(f'--temperature {temperature}: it must be a positive number')
+    launch.check_ranks('sample', mpi, launch.default_procs(mpi) if procs is None else procs)
     if nsamples % mpi:
         raise launch.ConfigError(f'--nsamples {nsamples} must be a multiple of --mpi {mpi}')
     launch.launch('sample', partial(sample_policy, **kwargs), mpi=mpi, procs=procs)

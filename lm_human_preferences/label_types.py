@@ -188,8 +188,10 @@ def _check_tokens(value, length, *, where, name, n_vocab, padding_token):
                                      f"expected an integer token id")
         try:
             tokens = np.asarray(value, dtype=np.int64)
-        except OverflowError:  # a huge Python int: out of the vocabulary either way, so clip it
-            tokens = np.asarray([min(max(int(t), -1), 2 ** 62) for t in value], dtype=np.int64)
+        except OverflowError:  # an int beyond int64: out of the vocabulary, shown as it is
+            j = next(j for j, t in enumerate(value) if not -2 ** 63 <= t < 2 ** 63)
+            raise ValueError(f"{where}: '{name}' token {j} is {value[j]}, outside the vocabulary [0, {n_vocab}) "
+                             f"and not the padding token {padding_token}") from None
     if len(tokens) != length:
         raise ValueError(f"{where}: '{name}' has {len(tokens)} tokens, expected {what} {length}")
     bad = (tokens < 0) | ((tokens >= n_vocab) & (tokens != padding_token))

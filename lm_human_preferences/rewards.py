@@ -32,7 +32,7 @@ class RewardModelTrainer(nn.Module):
         self.reward_norm = RewardNorm()
         self.padding_token = self.encoder.padding_token
         # The original loaded the weights on rank 0 only and broadcast them; every rank loads here.
-        self.trained_model.init_model(self)
+        self.fresh_keys = self.trained_model.init_model(self)  # ours: what the checkpoint did not have
 
     @property
     def reward_gain(self):
@@ -81,7 +81,7 @@ class TrainedRewardModel(RewardModelTrainer):
     """A trained reward model for scoring: our save dir of one (`<save_dir>/reward_model`), an original
     TF train_reward save dir (converted on first use), or 'test' (random, as the original)."""
 
-    def __init__(self, train_dir, encoding, *, scope='reward_model'):
+    def __init__(self, train_dir, encoding, *, scope='reward_model', allow_untrained_head=False):
         if train_dir == 'test':
             trained_model = trained_models.TrainedModel('test')
         else:
@@ -92,6 +92,12 @@ class TrainedRewardModel(RewardModelTrainer):
                              f'{encoding.name!r} has {encoding.n_vocab}')
         trained_model.encoding = encoding  # the original took the padding token from this encoding
         super().__init__(trained_model, scope=scope)
+        # Ours: a model without a trained reward head (a policy dir: a value head is not a reward head; a
+        # bare language model) would score at random, silently.
+        if 'model.heads.reward.w' in self.fresh_keys and not allow_untrained_head:
+            raise ValueError(f'{train_dir} is not a trained reward model: its checkpoint has no reward head (a '
+                             f'policy\'s value head is not one); give the reward_model dir of a train_reward run, or '
+                             f'set rewards.allow_untrained_head true to score with a random reward head')
         self.train_dir = train_dir
         self.encoding = encoding
 

@@ -44,6 +44,8 @@ class RewardHParams(hyperparams.HParams):
     adaptive_kl: Optional[AdaptiveKLParams] = None
 
     trained_model: Optional[str] = None
+    # Ours: accept a trained_model without a trained reward head (e.g. a policy), scoring with a random one.
+    allow_untrained_head: bool = False
 
     train_new_model: Optional[train_reward.HParams] = None
 
@@ -520,7 +522,8 @@ def train(hparams: HParams):
         utils.set_mpi_seed(hparams.run.seed)
 
         device = utils.get_device()
-        score_model = TrainedRewardModel(hparams.rewards.trained_model, m.encoding).to(device)
+        score_model = TrainedRewardModel(hparams.rewards.trained_model, m.encoding,
+                                         allow_untrained_head=hparams.rewards.allow_untrained_head).to(device)
 
         ref_policy = Policy(
             m, scope='ref_policy',

@@ -147,6 +147,9 @@ def download_labels(source, label_type, question_schemas, total_labels, *, n_voc
         try:
             with open(path) as f:
                 results = json.load(f)
+        except RecursionError:
+            raise ValueError(f'label file {where} is nested too deeply to be label records (expected a JSON array '
+                             f'of objects)') from None
         except json.JSONDecodeError as e:
             raise ValueError(f'label file {where} is not valid JSON: {e.msg} at line {e.lineno} '
                              f'column {e.colno} (char {e.pos})') from None

@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import traceback
 import warnings
 
@@ -91,6 +92,7 @@ def break_labels(records):
 
 
 CASES = ['malformed_label_json', 'wrong_token_length', 'token_id_out_of_range', 'too_few_labels',
+         'label_file_nested_deeply', 'huge_token_id', 'policy_dir_as_reward_model', 'garbage_tf_checkpoint',
          'other_hparams_in_save_dir', 'missing_reward_model_dir', 'hparams_json_disagrees_with_weights',
          'pickle_reward_model', 'all_train_states_corrupt', 'unreachable_url', 'non_finite_loss',
          'full_disk_during_save']
@@ -129,6 +131,20 @@ def cases(tmp):
         (root / NAME).mkdir(parents=True)
         reward_labels_path(root).write_text(json.dumps(records))
 
+    huge_token = [dict(r) for r in records]
+    huge_token[3]['query'] = [10 ** 30, 1]
+
+    def policy_as_reward_model(root):
+        shutil.rmtree(root / NAME / 'rm')
+        shutil.copytree(root / NAME / 'policy', root / NAME / 'rm')
+
+    def garbage_tf_checkpoint(root):
+        rm = root / NAME / 'rm'
+        shutil.rmtree(rm / 'checkpoints')
+        (rm / 'checkpoint').write_text('model_checkpoint_path: "model.ckpt-0"\n')
+        (rm / 'model.ckpt-0.index').write_bytes(bytes(range(256)) * 3)
+        (rm / 'model.ckpt-0.data-00000-of-00001').write_bytes(b'\x00' * 100)
+
     url = f'http://127.0.0.1:{closed_port()}/labels.json'
     return {
         'malformed_label_json': ('reward', break_labels('[{"query": [1, 2], "sample0": '), 'train_reward', reward_args,
@@ -139,6 +155,17 @@ def cases(tmp):
                                   "labels.json record 3: 'query' token 0 is 99, outside the vocabulary [0, 27)"),
         'too_few_labels': ('reward', break_labels(records[:10]), 'train_reward', reward_args,
                            'labels.json has 10 records, but labels.num_train is 16'),
+        'label_file_nested_deeply': ('reward', break_labels('[' * 100_000 + ']' * 100_000), 'train_reward', reward_args,
+                                     'error: label file {root}/run/labels.json is nested too deeply to be label '
+                                     'records (expected a JSON array of objects)'),
+        'huge_token_id': ('reward', break_labels(huge_token), 'train_reward', reward_args,
+                          "labels.json record 3: 'query' token 0 is 1000000000000000000000000000000, outside the "
+                          "vocabulary [0, 27)"),
+        'policy_dir_as_reward_model': ('policy', policy_as_reward_model, 'train_policy', policy_args,
+                                       'error: {root}/run/rm is not a trained reward model: its checkpoint has no reward '
+                                       "head (a policy's value head is not one)"),
+        'garbage_tf_checkpoint': ('policy', garbage_tf_checkpoint, 'train_policy', policy_args,
+                                  'error: {root}/run/rm/model.ckpt-0 is not a readable TensorFlow checkpoint ('),
         'other_hparams_in_save_dir': ('reward', None, 'train_reward', lambda root: reward_args(root, '--lr', '0.001'),
                                       'holds another run: its train_reward_hparams.json has lr=5e-05, this run has '
                                       'lr=0.001. To resume that run, rerun its command with the same hyperparameters; '
@@ -169,7 +196,6 @@ def cases(tmp):
 # Run as `python launch.py ...` subprocesses (exit code and stderr of a real process); the others run
 # launch.py's main in this process (the same code from the argv on, without an interpreter start each).
 SUBPROCESS_CASES = {'malformed_label_json', 'other_hparams_in_save_dir', 'non_finite_loss', 'full_disk_during_save'}
-# Every run rewrites its hparams file (it records the run's save dir, which differs in a copied dir).
 # The save dir's lock file records who holds it (utils/run.py): every launch rewrites it.
 REWRITTEN = {f'{NAME}/.lock'}
 
@@ -276,3 +302,50 @@ def test_full_disk_keeps_earlier_states(results):
     # State 1 whole, no trace of state 2 (no temporary file).
     assert sorted(os.listdir(policy_dir / 'train_state')) == ['state-1.json', 'state-1.safetensors']
     assert checkpointing._choose_train_state(str(policy_dir))[0] == 1  # its checksums verify
+
+
+@contextlib.contextmanager
+def read_only(root):
+    """`root` and everything under it read-only: by its mode, or, for root (whom modes do not stop), made
+    immutable with chattr +i where the filesystem supports it."""
+    paths = [os.path.join(d, n) for d, dirs, files in os.walk(root) for n in dirs + files] + [str(root)]
+    modes = {p: os.stat(p).st_mode for p in paths}
+    for p in paths:
+        os.chmod(p, modes[p] & ~0o222)
+    immutable = False
+    try:
+        if os.access(root, os.W_OK):
+            immutable = subprocess.run(['chattr', '-R', '+i', str(root)], capture_output=True).returncode == 0
+            if not immutable:
+                pytest.skip('cannot make a directory read-only here (running as root, and chattr +i failed)')
+        yield
+    finally:
+        if immutable:
+            subprocess.run(['chattr', '-R', '-i', str(root)], check=True)
+        for p in paths:
+            os.chmod(p, modes[p])
+
+
+@pytest.mark.parametrize('which', ['finished_run', 'new_run'])
+def test_read_only_save_dir(results, tmp_path, which):
+    """A save dir that cannot be written: refused in one line (no TensorBoard writer-thread traceback after
+    it), and the run already in it left as it was."""
+    root = tmp_path / 'save'
+    if which == 'finished_run':
+        shutil.copytree(results['malformed_label_json']['root'].parent / 'reward_done', root)
+        args = reward_args(root)
+        lock = root / NAME / '.lock'
+    else:
+        root.mkdir()
+        write_labels(tmp_path / 'labels.json', 16)
+        args = ['--labels.source', tmp_path / 'labels.json', *REWARD_ARGS]
+        lock = root / NAME
+    before = snapshot(root)
+    with read_only(root):
+        code, out, err = finish(launch_cli('train_reward', root, args))
+    assert code == 1, err[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f'error: cannot write the save dir {lock}: [Errno '), err
+    assert lines[0].endswith('; choose another --save_dir'), err
+    assert 'Traceback' not in err and snapshot(root) == before

@@ -149,17 +149,22 @@ def convert_tf_checkpoint(src, dst, *, scope=None):
     encoding = checkpoints.read_encoding(model_dir)
 
     import tensorflow as tf  # only here: nothing but conversion needs TensorFlow
-    variables = tf.train.list_variables(prefix)
-    if scope is None:
-        scope = infer_scope(variables, model_dir, source=prefix)
-    mapping = name_map(variables, hparams, scope=scope, source=prefix)
-    reader = tf.train.load_checkpoint(prefix)
-    state = {}
-    for name, key in mapping.items():
-        value = np.asarray(reader.get_tensor(name), dtype=np.float32)
-        if value.ndim == 3:
-            value = value[0]  # conv1x1 weights: [1, nx, nf] -> [nx, nf]
-        state[key] = torch.tensor(value)  # a copy; scalars stay 0-d
+    try:
+        variables = tf.train.list_variables(prefix)
+        if scope is None:
+            scope = infer_scope(variables, model_dir, source=prefix)
+        mapping = name_map(variables, hparams, scope=scope, source=prefix)
+        reader = tf.train.load_checkpoint(prefix)
+        state = {}
+        for name, key in mapping.items():
+            value = np.asarray(reader.get_tensor(name), dtype=np.float32)
+            if value.ndim == 3:
+                value = value[0]  # conv1x1 weights: [1, nx, nf] -> [nx, nf]
+            state[key] = torch.tensor(value)  # a copy; scalars stay 0-d
+    except tf.errors.OpError as e:
+        # Ours: a garbage or truncated checkpoint (TF's message spans lines): one line naming it.
+        reason = e.message.strip().splitlines()[0] if e.message.strip() else type(e).__name__
+        raise ValueError(f'{prefix} is not a readable TensorFlow checkpoint ({type(e).__name__}: {reason})') from None
     m = re.search(r'-(\d+)$', prefix)
     step = int(m.group(1)) if m else 0
     return checkpoints.write_checkpoint(dst, step, state, hparams=hparams, encoding=encoding)

@@ -107,11 +107,11 @@ class TrainedModel():
         Heads and reward_norm absent from the checkpoint keep their initial values (the original
         printed a note for them), e.g. the value head when a policy starts from GPT-2; heads of the
         checkpoint that the module lacks are ignored. Anything else missing, unknown or mis-shaped is
-        an error naming it.
+        an error naming it. Returns the keys that start fresh (ours).
         """
         path = self.checkpoint()
         if path is None:
-            return
+            return []
         # The newest checkpoint that verifies (a corrupt newest one is skipped with a warning).
         path, state = checkpoints.load_latest_checkpoint(os.path.dirname(os.path.dirname(path)))
         fresh = checkpoints.load_state(module, state, source=path)
@@ -120,6 +120,7 @@ class TrainedModel():
             _reported_fresh.add((type(module).__name__, path))  # once per kind of model and checkpoint
             print(f'{type(module).__name__} from {path}: {" and ".join(parts)} '
                   f'{"starts" if len(parts) == 1 else "start"} fresh (not in the checkpoint), as the original intended')
+        return fresh
 
 
 def _is_path(name):

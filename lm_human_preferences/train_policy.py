@@ -281,7 +281,7 @@ class PPOTrainer:
         step_time = time.time() - step_started_at
         eps_per_second = float(hparams.ppo.batch_size) / step_time
         if self.progress is None:
-            self.progress = Progress(nupdates(hparams), start=self.global_step)
+            self.progress = Progress(nupdates(hparams), start=self.global_step, started=step_started_at)
         self.progress.done = self.global_step + 1
         if utils.is_root():
             # Ours: of how many, and the ETA.

@@ -3,6 +3,7 @@ sinks' rewind rule, pruned checkpoints and training states that refer to them, n
 a read-only save dir, the console (progress, summary, Ctrl-C), workers that die with their launcher."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -199,12 +200,16 @@ def test_progress_summary_and_one_line_missing_heads(tmp_path, capsys):
     train_policy.train(policy_hparams(save_dir))
     out = capsys.readouterr().out
     assert '[ppo_step 5] step_time=' in out and '(6/6, ' in out and 'ETA 0s)' in out
+    # The first line's time per step is that step's (it once measured from the end of the step: ~0 s).
+    step_time, per_step = map(float, re.search(r'\[ppo_step 0\] step_time=([\d.]+)s, .*\(1/6, ([\d.e-]+) s/step',
+                                               out).groups())
+    assert per_step >= 0.9 * step_time, (step_time, per_step)
     assert 'train_policy done: 6 steps in' in out
     assert f'  model:        {save_dir}/policy/checkpoints/model-6.safetensors' in out
     assert f'  sample:       python sample.py sample --save_dir {save_dir} --nsamples 8' in out
     assert f'  tensorboard:  tensorboard --logdir {save_dir}/tb' in out
     assert '\nhparams:\n' not in out and 'model_hparams:' not in out  # a short summary, not the full dumps
-    assert 'train_policy: 1 ranks in 1 process(es); saving to' in out
+    assert 'train_policy: 1 rank in 1 process; saving to' in out
 
 
 @pytest.mark.slow

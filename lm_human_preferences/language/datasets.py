@@ -18,6 +18,8 @@ import itertools
 import json
 import os
 import random
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Dict
@@ -279,8 +281,12 @@ def _encode_queries(texts, *, encoder, cut, desc):
     # Threads: tiktoken releases the GIL while encoding. Each process prepares (see _prepared_queries), so
     # the cores are shared among the processes.
     workers = max(1, (os.cpu_count() or 1) // ranks.num_processes())
+    # A bar on a terminal; in a log (not a TTY) its carriage returns would make one garbled line: one
+    # plain line at the end instead.
+    bar = core.is_root() and sys.stderr.isatty()
+    started = time.time()
     with ThreadPoolExecutor(workers) as pool, tqdm(total=len(texts), desc=desc, unit='text',
-                                                    disable=not core.is_root()) as progress:
+                                                    disable=not bar) as progress:
         cut_chunk = lambda i: [cut(encoder.encode(t)) for t in texts[i:i + chunk]]
         for i, rows in zip(range(0, len(texts), chunk), pool.map(cut_chunk, range(0, len(texts), chunk))):
             for j, tokens in enumerate(rows):
@@ -288,6 +294,8 @@ def _encode_queries(texts, *, encoder, cut, desc):
                     queries[i + j] = tokens
                     valid[i + j] = True
             progress.update(len(rows))
+    if core.is_root() and not bar:
+        print(f'{desc}: {len(texts)} texts in {time.time() - started:.1f}s', flush=True)
     if queries.size and 0 <= queries.min() and queries.max() < 2 ** 16:
         queries = queries.astype(np.uint16)  # GPT-2 ids and its padding id 50259 fit: half the size
     return queries, valid

@@ -242,6 +242,11 @@ def _netrc_has(url):
 # ---------------------------------------------------------------------------------------------------
 # Progress lines
 
+def _count(n, noun):
+    """'1 rank', '8 ranks', '2 processes'."""
+    return f'{n} {noun}' if n == 1 else f'{n} {noun}{"es" if noun.endswith("s") else "s"}'
+
+
 def _duration(seconds):
     seconds = int(seconds)
     if seconds >= 3600:
@@ -253,11 +258,12 @@ def _duration(seconds):
 
 class Progress:
     """`done/total, time per step, ETA` of a loop of `total` steps that starts at step `start` (a resumed
-    run): the time per step is the mean over the steps this process ran. Set .done as the loop goes."""
+    run): the time per step is the mean over the steps this process ran since `started` (default: now).
+    Set .done as the loop goes."""
 
-    def __init__(self, total, start=0):
+    def __init__(self, total, start=0, started=None):
         self.total, self.start, self.done = total, start, start
-        self.started = time.time()
+        self.started = time.time() if started is None else started
 
     def __call__(self):
         per_step = (time.time() - self.started) / max(self.done - self.start, 1)
@@ -329,7 +335,7 @@ class Run:
                 if flat.get(k) is not None]
         where = (f'saving to {self.save_dir} (all hparams: {self.kind}_hparams.json)' if self.save_dir
                  else 'no run.save_dir: nothing is saved')
-        print(f'{self.kind}: {core.get_world_size()} ranks in {ranks.num_processes()} process(es); {where}')
+        print(f'{self.kind}: {_count(core.get_world_size(), "rank")} in {_count(ranks.num_processes(), "process")}; {where}')
         print('  ' + ', '.join(f'{k}={flat[k]}' for k in keys))
 
     def record_data(self, name, fingerprint):

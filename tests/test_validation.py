@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from lm_human_preferences.language import datasets
 from lm_human_preferences.utils import launch
 from test_resume import env
 
@@ -50,8 +51,8 @@ CASES = [
      "hyperparameter 'task.query_length' is 6: with task.response_length 3 it needs 9 positions, and the model test "
      "has n_ctx 8"),
     ('train_policy', ['--task.query_dataset', 'nope'],
-     "hyperparameter 'task.query_dataset' is 'nope': choose from books, cnndm, test, tldr, or local:<directory of "
-     ".txt files>"),
+     # {registered}: the datasets registered when the check runs (the demo registers 'demo' on import).
+     "hyperparameter 'task.query_dataset' is 'nope': choose from {registered}, or local:<directory of .txt files>"),
     ('train_policy', ['--task.query_dataset', 'local:/nonexistent/corpus'],
      "hyperparameter 'task.query_dataset' is 'local:/nonexistent/corpus': /nonexistent/corpus is not a directory"),
     ('train_policy', ['--run.save_interval', '0'], "hyperparameter 'run.save_interval' is 0: it must be at least 1"),
@@ -95,7 +96,9 @@ def test_bad_hparams_are_one_line_at_launch(command, argv, message, save_dir_wit
     with pytest.raises(SystemExit) as e:
         launch.main(COMMANDS, argv=[command, 'test', 'x', *argv, '--save_dir', str(save_dir_with_files)])
     assert e.value.code == 2
-    assert capsys.readouterr().err == f'error: x: {message}\n'
+    registered = ', '.join(sorted(datasets._registry))
+    assert {'books', 'cnndm', 'test', 'tldr'} <= set(datasets._registry)
+    assert capsys.readouterr().err == f'error: x: {message.replace("{registered}", registered)}\n'
     assert not built and snapshot(save_dir_with_files) == before
 
 

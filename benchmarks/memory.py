@@ -24,6 +24,7 @@ MALLOC_MMAP_THRESHOLD_=1MiB).
     python benchmarks/memory.py                    # everything (about 30 minutes on 2 CPU cores)
     python benchmarks/memory.py --shapes books --phases ppo_step --dtypes fp32
     python benchmarks/memory.py --preset tiny      # smoke run
+    python benchmarks/memory.py --table fp32.json bf16.json   # the table of earlier runs (--json)
 """
 import argparse
 import dataclasses
@@ -254,6 +255,8 @@ def main(argv=None):
                    help='bf16 at every microbatch size, or only at no split and the smallest (a CPU without '
                         'native bf16 runs it several times slower than fp32)')
     p.add_argument('--skip', type=str, help='a JSON of an earlier run: its measurements are taken from it')
+    p.add_argument('--table', nargs='+', metavar='JSON',
+                   help='print the table of earlier runs\' JSONs (e.g. an fp32 and a bf16 run), measuring nothing')
     p.add_argument('--threads', type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument('--json', help='write every measurement here (after each one too)')
     p.add_argument('--_probe', dest='probe', help=argparse.SUPPRESS)
@@ -263,6 +266,22 @@ def main(argv=None):
         return
     m = PRESETS[args.preset]
     shapes = paper_shapes()
+    if args.table:
+        runs = {path: json.loads(Path(path).read_text()) for path in args.table}
+        if len({json.dumps(run['model'], sort_keys=True) for run in runs.values()}) > 1:
+            p.error(f'--table: the runs measured different models: {", ".join(runs)}')
+        measured = {(r['shape'], r['phase'], r['microbatch_size'], r['dtype']): r
+                    for run in runs.values() for r in run['rows']}
+        results = {}
+        for shape_name in args.shapes:
+            for phase in args.phases:
+                for k in microbatch_sizes(shapes[shape_name], phase):
+                    for dtype in args.dtypes:
+                        if (shape_name, phase, k, dtype) in measured:
+                            results.setdefault((shape_name, phase), {}).setdefault(k, {})[dtype] = \
+                                measured[shape_name, phase, k, dtype]
+        print(markdown(results, shapes, args.dtypes))
+        return
     info = machine_info()
     print(f'machine: {info["cpu"]}, {info["cores"]} cores, torch {info["torch"]}'
           + (f', {info["cuda"]}' if info['cuda'] else ' (CPU: peak RSS as the proxy)'), flush=True)

@@ -8,6 +8,7 @@ original are commented where they happen and listed in PORTING.md.
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -130,6 +131,27 @@ def _numpy_dtype(torch_dtype):
     return torch.empty((), dtype=torch_dtype).numpy().dtype
 
 
+def _load_labels(path, where, check):
+    """The records of the label file at path (named `where` in errors): a JSON array, then check(records,
+    where). Every problem is a one-line ValueError."""
+    try:
+        with open(path) as f:
+            results = json.load(f)
+    except RecursionError:
+        raise ValueError(f'label file {where} is nested too deeply to be label records (expected a JSON array '
+                         f'of objects)') from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f'label file {where} is not valid JSON: {e.msg} at line {e.lineno} '
+                         f'column {e.colno} (char {e.pos})') from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f'label file {where} is not UTF-8 text: byte {e.start} cannot be decoded') from None
+    if not isinstance(results, list):
+        raise ValueError(f'label file {where}: expected a JSON array of label records, '
+                         f'got a JSON {type(results).__name__}')
+    check(results, where)
+    return results
+
+
 def download_labels(source, label_type, question_schemas, total_labels, *, n_vocab, padding_token):
     """Load and check the label records of `source`: an http(s) URL (downloaded once into the cache,
     by rank 0), a local JSON file, or 'test' (50 records of zeros, as the original).
@@ -141,36 +163,27 @@ def download_labels(source, label_type, question_schemas, total_labels, *, n_voc
     """
     schemas = {**question_schemas, **label_type.label_schemas()}
 
+    def check(records, where):
+        # The original only asserted the count; a malformed record failed deep inside TF, or not at all.
+        label_types.validate_labels(records, schemas, n_vocab=n_vocab, padding_token=padding_token, source=where)
+        if len(records) < total_labels:
+            raise ValueError(f'label file {where} has {len(records)} records, but labels.num_train is {total_labels}')
+
     if source != 'test':
-        path = gcs.download_file_cached(source)
+        # Ours: a downloaded file is checked before it enters the cache (gcs's validate), and its records
+        # are kept, so that it is parsed once; a cached or local file is checked here.
+        parsed = []
+        path = gcs.download_file_cached(source, validate=lambda tmp: parsed.append(_load_labels(tmp, source, check)))
         where = path if path == source else f'{source} (cached as {path})'
-        try:
-            with open(path) as f:
-                results = json.load(f)
-        except RecursionError:
-            raise ValueError(f'label file {where} is nested too deeply to be label records (expected a JSON array '
-                             f'of objects)') from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f'label file {where} is not valid JSON: {e.msg} at line {e.lineno} '
-                             f'column {e.colno} (char {e.pos})') from None
-        except UnicodeDecodeError as e:
-            raise ValueError(f'label file {where} is not UTF-8 text: byte {e.start} cannot be decoded') from None
-        if not isinstance(results, list):
-            raise ValueError(f'label file {where}: expected a JSON array of label records, '
-                             f'got a JSON {type(results).__name__}')
+        results = parsed[0] if parsed else _load_labels(path, where, check)
         if utils.is_root():
             print('Num labels found in source:', len(results))
     else:
-        where = 'test labels'
         results = [
             {name: np.zeros(schema.shape, dtype=_numpy_dtype(schema.dtype)) for name, schema in schemas.items()}
             for _ in range(50)
         ]
-
-    # The original only asserted the count; a malformed record failed deep inside TF, or not at all.
-    label_types.validate_labels(results, schemas, n_vocab=n_vocab, padding_token=padding_token, source=where)
-    if len(results) < total_labels:
-        raise ValueError(f'label file {where} has {len(results)} records, but labels.num_train is {total_labels}')
+        check(results, 'test labels')
 
     def stack(records):
         if not records:
@@ -178,6 +191,16 @@ def download_labels(source, label_type, question_schemas, total_labels, *, n_voc
         return {k: torch.from_numpy(np.asarray([r[k] for r in records], dtype=_numpy_dtype(s.dtype)))
                 for k, s in schemas.items()}
     return stack(results[:total_labels]), stack(results[total_labels:])
+
+
+def label_source(source):
+    """Ours: where a run's labels came from, for its save dir: a URL's download record (where the bytes
+    came from, their size and sha256: see gcs.download_record), or a local file's path; None for 'test'."""
+    if source == 'test':
+        return None
+    if gcs.is_url(source):
+        return gcs.download_record(gcs.cached_path(source))
+    return dict(path=os.path.abspath(source))
 
 
 def label_fingerprint(train, held_out):
@@ -436,7 +459,8 @@ class RewardModelTrainer():
 
         self.add_to_buffer(labels)
         # Ours: the run records which labels and queries it trains on, and refuses to resume on others.
-        self.run.record_data('labels', label_fingerprint(labels, self.held_out_labels))
+        self.run.record_data('labels', label_fingerprint(labels, self.held_out_labels),
+                             source=label_source(self.hparams.labels.source))
         if self.query_sampler is not None:
             self.run.record_data('queries', self.query_sampler.sampler.fingerprint)
 

@@ -94,7 +94,7 @@ def break_labels(records):
 CASES = ['malformed_label_json', 'wrong_token_length', 'token_id_out_of_range', 'too_few_labels',
          'label_file_nested_deeply', 'huge_token_id', 'policy_dir_as_reward_model', 'garbage_tf_checkpoint',
          'other_hparams_in_save_dir', 'missing_reward_model_dir', 'hparams_json_disagrees_with_weights',
-         'pickle_reward_model', 'all_train_states_corrupt', 'unreachable_url', 'non_finite_loss',
+         'pickle_reward_model', 'all_train_states_corrupt', 'unreachable_url', 'offline', 'non_finite_loss',
          'full_disk_during_save']
 
 
@@ -183,6 +183,12 @@ def cases(tmp):
         'unreachable_url': (None, fresh_labels, 'train_reward',
                             lambda root: ['--labels.source', url, *REWARD_ARGS],
                             f'could not download {url}: connection failed'),
+        # No internet: the host does not resolve (.invalid never does). Not retried; the demo suggested.
+        'offline': (None, fresh_labels, 'train_reward',
+                    lambda root: ['--labels.source', 'https://lmhp-test.invalid/labels.json', *REWARD_ARGS],
+                    'error: could not download https://lmhp-test.invalid/labels.json: the host lmhp-test.invalid '
+                    'cannot be resolved (no internet?); the offline demo runs without it: python launch.py '
+                    'train_policy demo NAME'),
         'non_finite_loss': (None, fresh_labels, 'train_reward', lambda root: reward_args(root, '--lr', '1e30'),
                             'error: non-finite loss at step 1: nan'),
         'full_disk_during_save': (None, None, 'train_policy',

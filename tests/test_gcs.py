@@ -1,7 +1,10 @@
 """Tests for utils/gcs.py against a local http.server on 127.0.0.1 (no other network)."""
+import hashlib
+import json
 import os
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -27,6 +30,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(BODY[:len(BODY) // 2])
             self.wfile.flush()
             self.close_connection = True
+        elif self.path.startswith('/slowonce') and self.server.requests.count(self.path) == 1:
+            time.sleep(1.0)  # longer than the test's timeout_s: a read timeout, then a retry
+            self.send_error(503)
         elif self.path.startswith('/halfonce') and self.server.requests.count(self.path) == 1:
             self.send_response(200)
             self.send_header('Content-Length', str(len(BODY)))
@@ -80,7 +86,66 @@ def test_download_then_cached(server):
     assert server.requests == ['/labels/sentiment/offline_5k.json']
     assert gcs.download_file_cached(url) == path
     assert len(server.requests) == 1  # the second call made no request
-    assert os.listdir(os.path.dirname(path)) == ['offline_5k.json']  # no temp files left
+    # no temp files left; beside the file, its download record: where the bytes came from, size, sha256
+    assert sorted(os.listdir(os.path.dirname(path))) == ['offline_5k.json', 'offline_5k.json.source.json']
+    assert gcs.download_record(path) == dict(url=url, requested_url=url, bytes=len(BODY),
+                                             sha256=hashlib.sha256(BODY).hexdigest())
+
+
+def test_a_cached_file_that_changed_is_refused(server):
+    url = _url(server, '/data.bin')
+    path = gcs.download_file_cached(url)
+    with open(path, 'r+b') as f:  # one flipped byte, same size
+        f.seek(100)
+        f.write(bytes([BODY[100] ^ 1]))
+    with pytest.raises(gcs.DownloadError) as e:
+        gcs.download_file_cached(url)
+    assert str(e.value) == (f'cached file {path} does not match the sha256 of its download record '
+                            f'{path}.source.json: it changed after it was downloaded; delete it to download it again')
+    with open(path, 'ab') as f:
+        f.write(b'more')
+    with pytest.raises(gcs.DownloadError, match=rf'has {len(BODY) + 4} bytes, its download record .* says {len(BODY)}'):
+        gcs.download_file_cached(url)
+    os.remove(path)  # as the message says: deleted, it is downloaded again
+    assert open(gcs.download_file_cached(url), 'rb').read() == BODY
+    assert server.requests == ['/data.bin'] * 2
+
+
+def test_a_cached_file_without_record_is_checked_then_adopted(server, tmp_path):
+    url = _url(server, '/old.json')
+    path = gcs.cached_path(url, cache_dir=str(tmp_path))
+    os.makedirs(os.path.dirname(path))
+    with open(path, 'w') as f:
+        f.write('not what validate wants')
+
+    def validate(p):
+        if open(p).read() != 'ok':
+            raise ValueError(f'{p}: expected ok')
+    with pytest.raises(gcs.DownloadError, match=rf'^the cached file {path} \(for {url}\) was refused: {path}: expected ok$'):
+        gcs.download_file_cached(url, cache_dir=str(tmp_path), validate=validate)
+    assert gcs.download_record(path) is None
+    with open(path, 'w') as f:
+        f.write('ok')
+    assert gcs.download_file_cached(url, cache_dir=str(tmp_path), validate=validate) == path
+    assert gcs.download_record(path) == dict(url=None, requested_url=url, bytes=2, sha256=hashlib.sha256(b'ok').hexdigest())
+    assert server.requests == []  # the cached file was used, not downloaded again
+
+
+def test_a_download_validate_refuses_is_not_cached(server):
+    url = _url(server, '/labels.json')
+    seen = []
+
+    def validate(p):
+        seen.append(open(p, 'rb').read())
+        raise ValueError('label file x: record 3 has no best')
+    with pytest.raises(gcs.DownloadError) as e:
+        gcs.download_file_cached(url, validate=validate, backoff_s=0.01)
+    assert str(e.value) == (f'could not download {url}: the downloaded file was refused, not cached: '
+                            f'label file x: record 3 has no best')
+    assert seen == [BODY]  # validate saw the whole download
+    assert server.requests == ['/labels.json']  # a refused file is not downloaded again
+    path = gcs.cached_path(url)
+    assert not os.path.exists(os.path.dirname(path)) or os.listdir(os.path.dirname(path)) == []
 
 
 def test_cache_dir_argument(server, tmp_path):
@@ -113,6 +178,23 @@ def test_cut_off_transfer_leaves_no_partial_file(server):
     assert server.requests == ['/cut.bin'] * 3
     dest_dir = os.path.join(gcs.datasets_dir(), 'downloads', f'127.0.0.1:{server.server_address[1]}')
     assert not os.path.exists(dest_dir) or os.listdir(dest_dir) == []
+
+
+def test_timeout_is_retried(server):
+    path = gcs.download_file_cached(_url(server, '/slowonce.bin'), backoff_s=0.01, timeout_s=0.3)
+    assert server.requests == ['/slowonce.bin'] * 2
+    assert open(path, 'rb').read() == BODY
+
+
+def test_a_host_that_does_not_resolve_fails_at_once_suggesting_the_demo():
+    # .invalid never resolves (RFC 6761), online or not: what an offline machine sees for every host.
+    url = 'https://lmhp-test.invalid/lm-human-preferences/labels/x.json'
+    started = time.monotonic()
+    with pytest.raises(gcs.DownloadError) as e:
+        gcs.download_file_cached(url, retries=4, backoff_s=5)
+    assert time.monotonic() - started < 4  # not retried: a retry would sleep 5 s first
+    assert str(e.value) == (f'could not download {url}: the host lmhp-test.invalid cannot be resolved (no internet?); '
+                            f'the offline demo runs without it: python launch.py train_policy demo NAME')
 
 
 def test_cut_off_once_then_complete(server):

@@ -2,8 +2,10 @@
 checks of what each run produced), the normalization arithmetic, label files (good, bad, downloaded),
 the held-out evaluation, saving, and bf16."""
 
+import hashlib
 import json
 import math
+import os
 import threading
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -14,7 +16,7 @@ import torch
 
 from lm_human_preferences import label_types, rewards, train_reward
 from lm_human_preferences.language import checkpoints, trained_models
-from lm_human_preferences.utils import core
+from lm_human_preferences.utils import core, gcs
 
 N_VOCAB, PAD = 27, 27  # the `test` encoding: 27 characters, padding token len(vocab)
 
@@ -330,6 +332,12 @@ def test_downloaded_labels_and_held_out_accuracy(tmp_path):
         is_max = (logits == logits.max(1, keepdim=True).values).float()  # ties share the credit
         return ((is_max[torch.arange(len(best)), best] / is_max.sum(1)).mean().item(),
                 torch.nn.functional.cross_entropy(logits, best).item())
+    # The save dir says which labels the run used and where their bytes came from.
+    data = json.loads((save_dir / 'train_reward_data.json').read_text())
+    cached = gcs.cached_path(url)
+    assert data['labels_source'] == gcs.download_record(cached)
+    assert data['labels_source'] == dict(url=url, requested_url=url, bytes=len(open(cached, 'rb').read()),
+                                         sha256=hashlib.sha256(open(cached, 'rb').read()).hexdigest())
     accuracy, loss = evaluate(records[16:])
     assert results['eval']['eval/accuracy'] == pytest.approx(accuracy, abs=1e-6)
     assert results['eval']['eval/loss'] == pytest.approx(loss, abs=1e-5)
@@ -338,6 +346,72 @@ def test_downloaded_labels_and_held_out_accuracy(tmp_path):
     assert results['eval_train']['eval_train/loss'] == pytest.approx(loss, abs=1e-5)
     # Distinct samples: the loss is no longer the log(4) of ties.
     assert results['train']['loss'] != pytest.approx(math.log(4))
+
+
+@pytest.fixture
+def label_server(tmp_path):
+    """A local server of tmp_path/www: (www dir, base URL)."""
+    (tmp_path / 'www').mkdir()
+    server = ThreadingHTTPServer(('127.0.0.1', 0), partial(_QuietHandler, directory=str(tmp_path / 'www')))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield tmp_path / 'www', f'http://127.0.0.1:{server.server_address[1]}'
+    server.shutdown()
+    server.server_close()
+
+
+def _download_labels(url):
+    label_type = label_types.get('best_of_4')
+    schemas = label_type.question_schemas(query_length=2, response_length=3)
+    return train_reward.download_labels(url, label_type, schemas, 16, n_vocab=N_VOCAB, padding_token=PAD)
+
+
+def test_labels_from_the_mirror_when_the_original_url_fails(label_server, monkeypatch):
+    """The original's URL answers 404: the same path on the mirror is downloaded, checked through the
+    real label parsing, and cached under the original URL, with a record naming the mirror."""
+    www, base = label_server
+    monkeypatch.setattr(gcs, 'MIRRORS', {f'{base}/original/labels/': f'{base}/mirror/'})
+    records = synthetic_records(20, seed=3)
+    (www / 'mirror' / 'sentiment').mkdir(parents=True)
+    write_labels(www / 'mirror' / 'sentiment' / 'offline_5k.json', records)
+    url = f'{base}/original/labels/sentiment/offline_5k.json'
+    train, held_out = _download_labels(url)
+    assert train['sample2'].tolist() == [r['sample2'] for r in records[:16]]
+    assert held_out['best'].tolist() == [r['best'] for r in records[16:]]
+    cached = gcs.cached_path(url)
+    assert gcs.download_record(cached)['url'] == f'{base}/mirror/sentiment/offline_5k.json'
+    assert gcs.download_record(cached)['requested_url'] == url
+
+
+def test_downloaded_labels_are_checked_before_the_cache(label_server, monkeypatch):
+    """A label file that fails validation (a record of the wrong length) is refused in one line naming
+    the URL and the record, and never enters the cache; the mirror's file too."""
+    www, base = label_server
+    records = synthetic_records(20, seed=4)
+    records[7]['sample1'] = records[7]['sample1'][:2]
+    write_labels(www / 'labels.json', records)
+    url = f'{base}/labels.json'
+    with pytest.raises(gcs.DownloadError) as e:
+        _download_labels(url)
+    assert str(e.value) == (f"could not download {url}: the downloaded file was refused, not cached: {url} "
+                            f"record 7: 'sample1' has 2 tokens, expected response_length 3")
+    assert not os.path.exists(gcs.cached_path(url))
+    write_labels(www / 'labels.json', synthetic_records(10, seed=5))  # too few records: refused too
+    with pytest.raises(gcs.DownloadError, match=rf'refused, not cached: label file {url} has 10 records, but '
+                                                r'labels\.num_train is 16$'):
+        _download_labels(url)
+    # the same through the mirror: named as the mirror of the original URL
+    monkeypatch.setattr(gcs, 'MIRRORS', {f'{base}/gone/': f'{base}/'})
+    gone = f'{base}/gone/labels.json'
+    with pytest.raises(gcs.DownloadError, match=rf'^could not download {base}/labels\.json \(the mirror of {gone}\): '
+                                                r'the downloaded file was refused, not cached: '):
+        _download_labels(gone)
+    assert not os.path.exists(gcs.cached_path(gone))
+    # both failing: one line naming both URLs
+    monkeypatch.setattr(gcs, 'MIRRORS', {f'{base}/gone/': f'{base}/also-gone/'})
+    with pytest.raises(gcs.DownloadError) as e:
+        _download_labels(gone)
+    assert str(e.value) == (f'could not download {gone}: HTTP 404 File not found; its mirror '
+                            f'{base}/also-gone/labels.json failed too: HTTP 404 File not found')
 
 
 def test_lr_decays_linearly_over_one_epoch(monkeypatch):

@@ -68,14 +68,6 @@ class CheckpointWarning(UserWarning):
 # ---------------------------------------------------------------------------------------------------
 # Files
 
-def _sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(1 << 24), b''):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _canonical(obj):
     return json.dumps(obj, sort_keys=True, separators=(',', ':')).encode()
 
@@ -353,7 +345,7 @@ def _verified_sidecar(state_dir, step):
     size = os.path.getsize(tensors_path)
     if size != sidecar['tensors_bytes']:
         raise CheckpointError(f'{tensors_path} has {size} bytes, expected {sidecar["tensors_bytes"]} (truncated?)')
-    if _sha256_file(tensors_path) != sidecar['tensors_sha256']:
+    if files.sha256_file(tensors_path) != sidecar['tensors_sha256']:
         raise CheckpointError(f'{tensors_path}: checksum mismatch (the file is corrupt)')
     for path in sidecar['module_checkpoints'].values():  # the weights the state refers to
         try:

@@ -6,6 +6,7 @@ temporaries of a writer that was killed are recognized by their name (`TMP_RE`) 
 load is unpickled: tensors come from safetensors, the rest from JSON (`refuse_pickle`).
 """
 
+import hashlib
 import os
 import re
 
@@ -46,6 +47,15 @@ def atomic_write(path, data):
             os.remove(tmp)
         raise
     fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def sha256_file(path):
+    """The sha256 of a file's bytes (hex), read in 16 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 24), b''):
+            h.update(block)
+    return h.hexdigest()
 
 
 def refuse_pickle(path):

@@ -2,17 +2,26 @@
 
 The original fetched gs:// paths with the Google Cloud client / gsutil, which cannot download the
 https://openaipublic.blob.core.windows.net URLs the code was later migrated to. We fetch http(s) URLs
-with `requests` into a local cache:
-  - streamed into `<dest>.tmp-<pid>`, checked against Content-Length, fsynced, then renamed into place,
-    so an interrupted transfer never leaves a partial file where the cache expects a complete one;
-  - transient failures (connection errors, cut-off transfers, HTTP 5xx/408/429) are retried with
-    exponential backoff; other HTTP errors (404, 403, ...) fail at once;
+with `requests` into a local cache, `datasets_dir()/downloads/<host>/<path>`:
+  - streamed into `<dest>.tmp-<pid>` (its sha256 computed on the way), checked against Content-Length,
+    fsynced, optionally checked by the caller (`validate`: a label file's schema, say), then renamed
+    into place, so the cache never holds a partial or refused file;
+  - beside each cached file, its download record `<dest>.source.json`: where the bytes came from, their
+    size and sha256, written before the file is renamed into place. Every later use checks the file
+    against it: a file changed or truncated since is refused, never used silently;
+  - a host that cannot be resolved (no internet) fails at once, in one line suggesting the offline demo;
+    timeouts, connection errors, cut-off transfers and HTTP 5xx/408/429 are retried with exponential
+    backoff; other HTTP errors (404, 403, ...) fail at once;
+  - where the original's file has a public mirror (MIRRORS), a failed download tries the mirror;
   - every failure ends in one line: `DownloadError: could not download <url>: <reason>`.
 In a torch.distributed group rank 0 downloads and the other ranks wait for its result.
 """
 
+import hashlib
+import json
 import os
 import re
+import socket
 import sys
 import time
 from pathlib import Path
@@ -36,12 +45,44 @@ def saved_models_dir():
     return os.environ.get('LMHP_SAVED_MODELS_DIR') or os.path.join(REPO_ROOT, 'saved_models')
 
 
+OFFLINE_HINT = 'the offline demo runs without it: python launch.py train_policy demo NAME'
+
+# Public mirrors of the original's files: URL prefix -> the mirror's prefix for the same relative path.
+# The Hugging Face dataset vwxyzjn/lm-human-preferences holds the label files under the original's
+# layout: its file listing (tree/main) has the folders cnndm/ descriptiveness/ sentiment/ tldr/, tldr/
+# holds offline_60k.json and online_45k.json, descriptiveness/ offline_5k.json; TRL's
+# examples/datasets/sentiment_descriptiveness.py downloads "sentiment/offline_5k.json" and
+# "descriptiveness/offline_5k.json" from it, and vwxyzjn/lm-human-preference-details trains on
+# "sentiment/offline_5k.json". The names inside cnndm/ are not confirmed: a different name is a 404 there,
+# and the error names both URLs.
+MIRRORS = {
+    'https://openaipublic.blob.core.windows.net/lm-human-preferences/labels/':
+        'https://huggingface.co/datasets/vwxyzjn/lm-human-preferences/resolve/main/',
+}
+
+
+def mirror_url(url):
+    """The public mirror's URL of the same file, or None."""
+    for prefix, mirror in MIRRORS.items():
+        if url.startswith(prefix):
+            return mirror + url[len(prefix):]
+    return None
+
+
 class _Retryable(Exception):
     """A failure worth another attempt (network trouble, cut-off transfer, server-side error)."""
 
 
 class _Fatal(Exception):
     """A failure another attempt will not fix (e.g. HTTP 404)."""
+
+
+class _Unresolvable(_Fatal):
+    """The host name does not resolve: offline (or a typo). Retrying only makes the user wait."""
+
+
+class _Refused(Exception):
+    """validate() refused the downloaded file (its ValueError's message)."""
 
 
 def _cache_path(url, cache_dir):
@@ -56,20 +97,38 @@ def _cache_path(url, cache_dir):
     return dest
 
 
+def _unresolvable(e):
+    """Whether a requests exception comes from a failed host name lookup (socket.gaierror, wrapped by
+    urllib3 in NameResolutionError and MaxRetryError)."""
+    seen = set()
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, socket.gaierror) or type(x).__name__ == 'NameResolutionError':
+            return True
+        stack += [x.__cause__, x.__context__, getattr(x, 'reason', None),
+                  *(a for a in getattr(x, 'args', ()) if isinstance(a, BaseException))]
+    return False
+
+
 def _short_reason(e):
     """One line for a requests exception (its str() is a long nested repr)."""
     text = str(e)
     m = re.search(r'\[Errno -?\d+\][^\'")]*', text)
+    if isinstance(e, requests.exceptions.Timeout) or 'timed out' in text:
+        return 'timed out'  # connect or read timeout, or a transfer that stalled midway
     if isinstance(e, requests.exceptions.ConnectionError) and m:
         return f'connection failed: {m.group(0).strip()}'
-    if isinstance(e, requests.exceptions.Timeout):
-        return 'timed out'
     if 'IncompleteRead' in text or 'Connection broken' in text:
         return 'connection closed before the whole file arrived'
     return f'{type(e).__name__}: {text}'.replace('\n', ' ')[:300]
 
 
-def _download_once(url, tmp, *, timeout_s):
+def _download_once(url, tmp, *, timeout_s, announce):
+    """Stream url into tmp; returns (bytes, sha256). announce() is called once the server answers."""
     # identity encoding: the bytes we count are then the bytes Content-Length announces.
     try:
         with requests.get(url, stream=True, timeout=timeout_s, headers={'Accept-Encoding': 'identity'}) as r:
@@ -78,9 +137,11 @@ def _download_once(url, tmp, *, timeout_s):
                 if r.status_code >= 500 or r.status_code in (408, 429):
                     raise _Retryable(reason)
                 raise _Fatal(reason)
+            announce()
             expected = r.headers.get('Content-Length')
             expected = int(expected) if expected is not None else None
             received = 0
+            sha256 = hashlib.sha256()
             progress = None
             if expected is not None and expected >= PROGRESS_MIN_BYTES:
                 from tqdm import tqdm
@@ -89,6 +150,7 @@ def _download_once(url, tmp, *, timeout_s):
                 with open(tmp, 'wb') as f:
                     for chunk in r.iter_content(chunk_size=1 << 20):
                         f.write(chunk)
+                        sha256.update(chunk)
                         received += len(chunk)
                         if progress is not None:
                             progress.update(len(chunk))
@@ -99,32 +161,103 @@ def _download_once(url, tmp, *, timeout_s):
                     progress.close()
             if expected is not None and received != expected:
                 raise _Retryable(f'got {received} of {expected} bytes (connection closed early)')
+            return received, sha256.hexdigest()
     except requests.exceptions.RequestException as e:
+        if _unresolvable(e):
+            raise _Unresolvable(f'the host {urlparse(url).hostname} cannot be resolved (no internet?)') from None
         raise _Retryable(_short_reason(e)) from None
 
 
-def _download(url, dest, *, retries, backoff_s, timeout_s):
+def _download(url, dest, *, requested_url, validate, retries, backoff_s, timeout_s):
+    """Download url into dest (with its download record), or raise _Fatal / _Refused / _Retryable (the
+    last attempt's reason, with the number of attempts)."""
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = f'{dest}.tmp-{os.getpid()}'
     delay = backoff_s
+    announced = []
+
+    def announce():
+        if not announced:
+            print(f'downloading {url} -> {dest}', file=sys.stderr)
+            announced.append(True)
     for attempt in range(1, retries + 1):
         try:
-            _download_once(url, tmp, timeout_s=timeout_s)
+            size, sha256 = _download_once(url, tmp, timeout_s=timeout_s, announce=announce)
+            if validate is not None:
+                try:
+                    validate(tmp)
+                except ValueError as e:
+                    raise _Refused(str(e)) from None
+            # The record first: a crash before the rename leaves a record without its file (downloaded
+            # again), never a cached file without its record.
+            _write_record(dest, dict(url=url, requested_url=requested_url, bytes=size, sha256=sha256))
             os.replace(tmp, dest)
             return
-        except _Fatal as e:
-            reason = str(e)
-            break
         except _Retryable as e:
             reason = f'{e} (after {attempt} attempt{"s" if attempt > 1 else ""})'
-            if attempt < retries:
-                print(f'download of {url} failed ({e}); retry {attempt}/{retries - 1} in {delay:g}s', file=sys.stderr)
-                time.sleep(delay)
-                delay *= 2
+            if attempt == retries:
+                raise _Retryable(reason) from None
+            print(f'download of {url} failed ({e}); retry {attempt}/{retries - 1} in {delay:g}s', file=sys.stderr)
+            time.sleep(delay)
+            delay *= 2
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
-    raise DownloadError(f'could not download {url}: {reason}')
+
+
+# ---------------------------------------------------------------------------------------------------
+# Download records
+
+def _record_path(path):
+    return path + '.source.json'
+
+
+def _write_record(path, record):
+    from lm_human_preferences.utils import files  # lazily, as core below
+    files.atomic_write(_record_path(path), json.dumps(record, indent=1).encode())
+
+
+def download_record(path):
+    """The download record of a cached file: {url (where its bytes came from; None for a file that was
+    in the cache before records were kept), requested_url, bytes, sha256}; None for a file that was not
+    downloaded. Raises DownloadError for an unreadable record."""
+    record_path = _record_path(path)
+    if not os.path.exists(record_path):
+        return None
+    try:
+        with open(record_path) as f:
+            record = json.load(f)
+        if not isinstance(record, dict) or not {'bytes', 'sha256'} <= set(record):
+            raise ValueError('expected a JSON object with bytes and sha256')
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DownloadError(f'the download record {record_path} is unreadable ({e}); delete it and {path} to '
+                            f'download the file again') from None
+    return record
+
+
+def _check_cached(url, path, validate):
+    """Check a cached file against its download record. A file without one (cached before records were
+    kept, or put there by hand) is checked by validate and adopted: its record gets url None."""
+    from lm_human_preferences.utils import files
+    record = download_record(path)
+    if record is None:
+        if validate is not None:
+            try:
+                validate(path)
+            except ValueError as e:
+                raise DownloadError(f'the cached file {path} (for {url}) was refused: {e}') from None
+        _write_record(path, dict(url=None, requested_url=url, bytes=os.path.getsize(path),
+                                 sha256=files.sha256_file(path)))
+        return
+    size = os.path.getsize(path)
+    if size != record['bytes']:
+        found = f'has {size} bytes, its download record {_record_path(path)} says {record["bytes"]}'
+    elif files.sha256_file(path) != record['sha256']:
+        found = f'does not match the sha256 of its download record {_record_path(path)}'
+    else:
+        return
+    raise DownloadError(f'cached file {path} {found}: it changed after it was downloaded; delete it to '
+                        f'download it again')
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -138,26 +271,58 @@ def is_url(path):
     return isinstance(path, str) and '://' in path
 
 
-def download_file_cached(url, *, cache_dir=None, retries=4, backoff_s=1.0, timeout_s=60):
+def cached_path(url, *, cache_dir=None):
+    """Where download_file_cached keeps the file at url (default cache: datasets_dir()/downloads)."""
+    return _cache_path(url, cache_dir if cache_dir is not None else os.path.join(datasets_dir(), 'downloads'))
+
+
+def _fetch(url, dest, **kwargs):
+    """Download url (else its mirror) into dest; returns None, or the one-line error."""
+    try:
+        _download(url, dest, requested_url=url, **kwargs)
+        return None
+    except _Refused as e:
+        return f'could not download {url}: the downloaded file was refused, not cached: {e}'
+    except (_Fatal, _Retryable) as e:
+        error, offline = f'could not download {url}: {e}', isinstance(e, _Unresolvable)
+    mirror = mirror_url(url)
+    if mirror is not None:
+        try:
+            _download(mirror, dest, requested_url=url, **kwargs)
+            return None
+        except _Refused as e:
+            return f'could not download {mirror} (the mirror of {url}): the downloaded file was refused, not cached: {e}'
+        except (_Fatal, _Retryable) as e:
+            error += f'; its mirror {mirror} failed too: {e}'
+            offline = offline and isinstance(e, _Unresolvable)
+    return error + (f'; {OFFLINE_HINT}' if offline else '')
+
+
+def download_file_cached(url, *, cache_dir=None, validate=None, retries=4, backoff_s=1.0, timeout_s=60):
     """Return a local path holding the file at url, downloading it once into the cache.
 
     A local path (no '://') is returned unchanged after checking that it exists. The default cache is
-    `datasets_dir()/downloads/<host>/<path>`. WARNING (as the original): only use this for files whose
-    contents never change. Collective when a torch.distributed group is initialised: every rank must
-    call it; rank 0 downloads and the others use the file once it is in place.
+    `datasets_dir()/downloads/<host>/<path>`. validate(path), if given, checks a downloaded file before
+    it enters the cache (a ValueError refuses it: nothing is cached), and a cached file without a
+    download record. A cached file is checked against its record (size and sha256) on every call.
+    WARNING (as the original): only use this for files whose contents never change. Collective when a
+    torch.distributed group is initialised: every rank must call it; rank 0 downloads and the others use
+    the file once it is in place.
     """
     if not is_url(url):
         if not os.path.exists(url):
             raise FileNotFoundError(f'{url} does not exist')
         return url
     from lm_human_preferences.utils import core  # lazily: core imports torch
-    cache_dir = cache_dir if cache_dir is not None else os.path.join(datasets_dir(), 'downloads')
-    dest = _cache_path(url, cache_dir)
+    dest = cached_path(url, cache_dir=cache_dir)
     error = None
-    if core.is_root() and not os.path.exists(dest):
-        print(f'downloading {url} -> {dest}', file=sys.stderr)
+    if core.is_root():
         try:
-            _download(url, dest, retries=retries, backoff_s=backoff_s, timeout_s=timeout_s)
+            if os.path.exists(dest):
+                _check_cached(url, dest, validate)
+            else:
+                error = _fetch(url, dest, validate=validate, retries=retries, backoff_s=backoff_s,
+                               timeout_s=timeout_s)
         except DownloadError as e:
             error = str(e)
     # The broadcast doubles as the barrier: the other ranks wait here until rank 0 is done, and fail

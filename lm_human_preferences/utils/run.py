@@ -338,10 +338,12 @@ class Run:
         print(f'{self.kind}: {_count(core.get_world_size(), "rank")} in {_count(ranks.num_processes(), "process")}; {where}')
         print('  ' + ', '.join(f'{k}={flat[k]}' for k in keys))
 
-    def record_data(self, name, fingerprint):
+    def record_data(self, name, fingerprint, *, source=None):
         """Record in <save_dir>/<kind>_data.json which data the run uses (name: 'labels' or 'queries';
         fingerprint: a JSON-able dict, e.g. the file's sha256 and record count). A rerun whose data differs
         from what the run recorded is refused in one line: resuming on other labels would mix two runs.
+        source (e.g. a download's URL and sha256) says where the data came from: recorded as
+        `<name>_source` for the reader, not compared (the same records from a mirror resume the run).
         Collective."""
         if not self.save_dir:
             return
@@ -356,8 +358,10 @@ class Run:
                 error = (f'{self.save_dir} holds a run on other {name}: it recorded {_brief(recorded[name])}, '
                          f'this run has {_brief(fingerprint)}. To resume it, give it its {name} again; to start '
                          f'a new run, choose another --save_dir')
-            elif name not in recorded:
-                files.atomic_write(path, json.dumps(dict(recorded, **{name: fingerprint}), indent=1).encode())
+            else:
+                updated = {**recorded, name: fingerprint, **({f'{name}_source': source} if source else {})}
+                if updated != recorded:
+                    files.atomic_write(path, json.dumps(updated, indent=1).encode())
         error = core.mpi_bcast(error)
         if error is not None:
             raise checkpointing.IncompatibleRunError(error)

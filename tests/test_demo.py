@@ -3,6 +3,8 @@ demo`): the policy's samples score higher by the rule after PPO, and the reward 
 import dataclasses
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -75,3 +77,13 @@ def test_short_demo_learns(tmp_path, short_demo):
     # The learning curves were plotted at the end of both trainers, and all of them in the demo's figure.
     for png in ('train_reward_curves.png', 'train_policy_curves.png', 'demo_curves.png'):
         assert (save_dir / png).read_bytes()[:4] == b'\x89PNG'
+
+    # The sample command the end-of-run summary prints works on the demo's save dir (its query dataset
+    # is the demo's own): samples of the demo's test queries.
+    proc = subprocess.run([sys.executable, 'sample.py', 'sample', '--save_dir', str(save_dir), '--nsamples', '2'],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    blocks = proc.stdout.split('=' * 80 + '\n')[1:]
+    assert len(blocks) == 4  # batch_size 4 (at least nsamples: whole batches, as the original)
+    query, response = blocks[0].splitlines()[:2]
+    assert len(query) > 10 and set(query + response) <= set('abcdefghijklmnopqrstuvwxyz.')

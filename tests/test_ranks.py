@@ -59,6 +59,8 @@ def labels_file(path, n, *, seed=0, query_length=2, response_length=3):
 
 
 def run(command, exp, save_root, name, *, mpi=4, procs=1, **overrides):
+    # fp32: the equivalences are exact up to fp32 rounding (bf16 autocast, the default on CUDA, is not)
+    overrides.setdefault('run.bf16', False)
     launch_fn = dict(train_reward=top_launch.launch_train_reward, train_policy=top_launch.launch_train_policy)[command]
     launch_fn(exp, name, mpi=mpi, procs=procs, save_dir=str(save_root), **{k: str(v) for k, v in overrides.items()})
     return save_root / name
@@ -175,30 +177,53 @@ def test_demo_model_same_for_any_number_of_processes(tmp_path):
 # to fp32 rounding: the weights within 1e-6 after the `test` experiments (learning rates as they are),
 # the Adam moments and stats within 1e-5 relative. The sampled tokens are identical: tests/test_model.py.
 
-def test_train_reward_microbatches(tmp_path):
+@pytest.fixture
+def forward_rows(monkeypatch):
+    """The number of sequences of every model pass (GPT-2 forward: sampling steps, logprobs, scores,
+    losses) run in this process, in order."""
+    rows = []
+    forward = model.Model.forward
+
+    def counting(self, X, *args, **kwargs):
+        rows.append(X.shape[0])
+        return forward(self, X, *args, **kwargs)
+    monkeypatch.setattr(model.Model, 'forward', counting)
+    return rows
+
+
+def test_train_reward_microbatches(tmp_path, forward_rows):
     labels = labels_file(tmp_path / 'labels.json', 40)
     args = dict(**{'labels.source': labels, 'labels.num_train': 32, 'batch_size': 16, 'rollout_batch_size': 16,
                    'run.save_interval': 2})
     whole = outcome(run('train_reward', 'test', tmp_path, 'whole', mpi=2, **args), 'reward_model')
+    # without a split: 8 sequences a pass (a rank's 8 labels' sample i, as the original scores them; its 8
+    # normalization samples)
+    assert max(forward_rows) == 8
     other_labels = outcome(run('train_reward', 'test', tmp_path, 'other', mpi=2, **{
         **args, 'labels.source': labels_file(tmp_path / 'other.json', 40, seed=1)}), 'reward_model')
     assert max_diff(whole, other_labels, ['model']) > 1e-5  # what a real difference looks like
     # 16 labels a minibatch, 8 per rank: 4 sequences (1 label) or 8 (2 labels) through the model at a time.
     for k in (4, 8):
+        forward_rows.clear()
         split = outcome(run('train_reward', 'test', tmp_path, f'k{k}', mpi=2, **{**args, 'run.microbatch_size': k}),
                         'reward_model')
+        # no pass held more than K sequences: normalization sampling, scoring, the loss, the evaluation
+        assert forward_rows and max(forward_rows) <= k, (k, sorted(set(forward_rows)))
         assert max_diff(whole, split, ['model']) <= TOL, k
         assert max_diff(whole, split, ['adam', 'stats'], relative=True) <= 1e-5, k
 
 
-def test_train_policy_microbatches(tmp_path):
+def test_train_policy_microbatches(tmp_path, forward_rows):
     # Against the random `test` reward model: a trained one would differ by its own rounding (tested above),
     # which its normalization amplifies.
     args = {'ppo.total_episodes': 96, 'ppo.nminibatches': 2, 'rewards.train_new_model': 'off',
             'rewards.trained_model': 'test'}
     whole = outcome(run('train_policy', 'test', tmp_path, 'whole', mpi=2, **args), 'policy')
-    # 16 episodes per rank a minibatch: pieces of 3 (the last one 1) in sampling, scoring and the loss.
+    assert max(forward_rows) == 16  # without a split: a rank's 16 episodes sampled in one pass
+    # 16 episodes per rank a batch, 8 a minibatch: pieces of 3 (the last one 1 or 2) in sampling, scoring, the loss.
+    forward_rows.clear()
     split = outcome(run('train_policy', 'test', tmp_path, 'split', mpi=2, **{**args, 'run.microbatch_size': 3}), 'policy')
+    assert forward_rows and max(forward_rows) == 3, sorted(set(forward_rows))  # no pass held more than K
     assert max_diff(whole, split, ['model']) <= TOL
     assert max_diff(whole, split, ['adam', 'stats'], relative=True) <= 1e-5
     # The policy moved far beyond the tolerance (Adam's first steps move each weight by about ppo.lr; a

@@ -508,7 +508,9 @@ def train(hparams: HParams):
         # Ours: set before training it (the original: after), so that the run's hparams file has it; and
         # the reward phase logs to wandb when the policy does (its own run in the save dir's group).
         hparams.rewards.trained_model = os.path.join(save_dir, 'reward_model')
-        hparams.rewards.train_new_model.run.wandb |= hparams.run.wandb
+        if hparams.run.wandb:  # in the policy's project: a group lives in one project
+            hparams.rewards.train_new_model.run.wandb = True
+            hparams.rewards.train_new_model.run.wandb_project = hparams.run.wandb_project
 
     # Ours: the save dir (locked; a dir holding another run is refused), its files and stats (utils/run.py).
     with Run(hparams, 'train_policy') as run:

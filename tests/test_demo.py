@@ -3,6 +3,7 @@ demo`): the policy's samples score higher by the rule after PPO, and the reward 
 import dataclasses
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -43,9 +44,13 @@ def short_demo(monkeypatch):
             'run.log_interval': '100'}
 
 
-def test_short_demo_learns(tmp_path, short_demo):
+def test_short_demo_learns(tmp_path, short_demo, capsys):
     top_launch.launch_train_policy('demo', 'short', save_dir=str(tmp_path), **short_demo)
     save_dir = tmp_path / 'short'
+    out = capsys.readouterr().out
+    # progress lines while it makes its labels (1280 labels, 128 queries a batch: 10 batches)
+    assert re.search(r'\[demo labels: batch 1/10, [\d.]+ s/step, ETA \d+s\]', out), out[:3000]
+    assert re.search(r'\[demo labels: batch 10/10, [\d.]+ s/step, ETA 0s\]', out), out[:3000]
     report = json.loads((save_dir / 'demo_report.json').read_text())
 
     # The labels went through the normal path: the original's JSON format, valid, best = a top scorer.

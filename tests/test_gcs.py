@@ -1,6 +1,5 @@
 """Tests for utils/gcs.py against a local http.server on 127.0.0.1 (no other network)."""
 import hashlib
-import json
 import os
 import socket
 import threading

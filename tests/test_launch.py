@@ -139,6 +139,43 @@ def test_main_errors_are_one_line(argv, message, capsys):
     assert 'Traceback' not in err
 
 
+def _main_exit(commands, argv, capsys):
+    """(exit code, stdout, stderr) of launch.main on argv (None: it returned)."""
+    try:
+        launch.main(commands, argv=argv)
+        code = None
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_help_on_every_command_and_sub_command(capsys, monkeypatch):
+    """--help (and -h) on both scripts and each of their commands: usage, what it does, its options,
+    and for the trainers their experiments and most used hparams; nothing runs, nothing on stderr."""
+    import sample as top_sample
+    trainers = dict(train_policy=top_launch.launch_train_policy, train_reward=top_launch.launch_train_reward)
+    for commands, program in ((trainers, 'launch.py'), (top_sample.COMMANDS, 'sample.py')):
+        monkeypatch.setattr(sys, 'argv', [program])  # the usage names the script that runs
+        for argv in (['--help'], ['-h'], []):
+            code, out, err = _main_exit(commands, argv, capsys)
+            assert code in ((None, 0) if argv else (2,)) and not err, (argv, code, err)  # no command: exit 2
+            for name in commands:
+                assert f'usage: {program} {name} ' in out
+        for name in commands:
+            for flag in ('--help', '-h'):
+                code, out, err = _main_exit(commands, [name, flag], capsys)
+                assert code in (None, 0) and not err, (name, err)
+                assert out.startswith(f'usage: {program} {name} ') and '\noptions:\n' in out, out
+                assert commands[name].__doc__.split()[0] in out  # its description
+        if program == 'launch.py':
+            code, out, _ = _main_exit(commands, ['train_policy', 'sentiment', 'x', '--help'], capsys)
+            for exp in ('sentiment', 'descriptiveness', 'cnndm', 'tldr', 'test', 'demo'):
+                assert f'\n  {exp} ' in out
+            assert '--mpi 8: books queries (64+24 tokens), model 124M' in out
+            assert 'most used hparams' in out and '--run.microbatch_size' in out and '--ppo.lr' in out
+
+
 # ---- the real experiments ----
 
 def _bindings(trials):

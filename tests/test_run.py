@@ -118,8 +118,13 @@ def test_rewind_drops_later_steps_and_a_cut_line_with_a_warning(tmp_path):
     path = tmp_path / 'train_policy_stats.jsonl'
     path.write_text(''.join(json.dumps({'step': i, 'loss': i / 2}) + '\n' for i in range(5)) + '{"step": 5, "lo')
     log = run.StatsLog(save_dir=str(tmp_path), kind='train_policy', log_interval=1)
-    with pytest.warns(run.StatsWarning, match='dropping a line cut off by a kill'):
+    with pytest.warns(run.StatsWarning, match=r'dropping a line that is not a stats row \(cut off by a kill\?\)'):
         log.rewind(3)  # resumed at step 3: steps 3, 4 and the cut line go
+    assert jsonl_steps(path) == [0, 1, 2]
+    # a line that parses but is no row (JSON, not an object): dropped the same way, not a crash
+    path.write_text(path.read_text() + '5\n')
+    with pytest.warns(run.StatsWarning, match=r"not a stats row .*: b'5\\n'"):
+        log.rewind(3)
     assert jsonl_steps(path) == [0, 1, 2]
 
 
@@ -325,6 +330,26 @@ def test_a_rerun_on_changed_labels_is_refused(tmp_path):
                              r'this run has sha256 [0-9a-f]+, records 20\. To resume it, give it its labels again'):
         train_reward.train(reward_hparams(save_dir, labels))
     assert sorted(p.name for p in save_dir.rglob('*')) == before
+
+
+def test_reward_progress_and_summary(tmp_path, capsys):
+    """train_reward's console: progress lines (step/total, time per step, ETA) for the normalization
+    sampling and the reward steps, then the end-of-run summary with its final metrics and paths."""
+    from test_resume import write_labels
+    save_dir = tmp_path / 'run'
+    hparams = reward_hparams(save_dir, write_labels(tmp_path / 'labels.json', 20))
+    hparams.run.log_interval = 1  # a progress line every reward step (with the stats table)
+    train_reward.train(hparams)
+    out = capsys.readouterr().out
+    # normalize_samples 8 over rollout_batch_size 8: one batch, before and after training
+    assert re.search(r'\[normalize sampling 1/1, [\d.]+ s/step, ETA 0s\]', out), out
+    # 16 labels, batch_size 8: 2 steps
+    assert re.search(r'\[reward_step 1/2, [\d.]+ s/step, ETA \d+s\]', out), out
+    assert re.search(r'\[reward_step 2/2, [\d.]+ s/step, ETA 0s\]', out), out
+    assert re.search(r'\ntrain_reward done: 2 steps in \d+s; loss [\d.]+', out), out
+    assert f'  model:        {save_dir}/reward_model/checkpoints/model-2.safetensors' in out
+    assert f'  tensorboard:  tensorboard --logdir {save_dir}/tb' in out
+    assert 'train_reward: 1 rank in 1 process; saving to' in out
 
 
 def test_fresh_heads_are_one_line_once(tmp_path, capsys):

@@ -252,6 +252,13 @@ class FakePolicy(nn.Module):
                                             if k != 'entropies'})
 
 
+@pytest.fixture
+def on_cpu(monkeypatch):
+    """The trainer on the CPU even where CUDA exists: FakePolicy and the numpy recomputations are CPU
+    toys, and the ratio test is about CPU bf16 autocast (utils.get_device also picks autocast's device)."""
+    monkeypatch.setattr(train_policy.utils, 'get_device', lambda: torch.device('cpu'))
+
+
 def fake_trainer(**overrides):
     hparams = train_policy.HParams()
     hparams.override_from_dict({
@@ -278,7 +285,7 @@ def fake_trainer(**overrides):
     return trainer, batches
 
 
-def test_trainer_step_stats_and_kl_controller(capsys):
+def test_trainer_step_stats_and_kl_controller(capsys, on_cpu):
     np.random.seed(0)
     trainer, batches = fake_trainer()
     initial = copy.deepcopy(trainer.policy)
@@ -310,7 +317,7 @@ def test_trainer_step_stats_and_kl_controller(capsys):
     assert '[ppo_step 0]' in out and out.count('  kl = ') == 3
 
 
-def test_trainer_minibatches_cover_the_batch_each_epoch():
+def test_trainer_minibatches_cover_the_batch_each_epoch(on_cpu):
     np.random.seed(1)
     trainer, batches = fake_trainer()
     trainer.step()
@@ -323,7 +330,7 @@ def test_trainer_minibatches_cover_the_batch_each_epoch():
     assert len({tuple(o) for o in orders}) == 3  # a fresh permutation each epoch
 
 
-def test_trainer_lr_schedule_and_one_adam_step():
+def test_trainer_lr_schedule_and_one_adam_step(on_cpu):
     trainer, _ = fake_trainer(**{'ppo.noptepochs': 1, 'ppo.nminibatches': 1})
     trainer.global_step = 3  # of nupdates = 64 / 16 = 4
     before = {k: v.detach().clone() for k, v in trainer.policy.named_parameters()}
@@ -355,7 +362,7 @@ def test_make_score_fn_truncates_then_penalizes():
     assert stats['score'] is scores
 
 
-def test_trainer_loss_wiring_against_numpy():
+def test_trainer_loss_wiring_against_numpy(on_cpu):
     from test_ppo_math import np_gae, np_ppo_loss, np_whiten
     trainer, _ = fake_trainer()
     rng = np.random.default_rng(3)
@@ -384,7 +391,7 @@ def test_trainer_loss_wiring_against_numpy():
 
 @pytest.mark.slow
 @pytest.mark.parametrize('bf16', [False, True])
-def test_first_minibatch_ratio_is_one(tmp_path, monkeypatch, bf16):
+def test_first_minibatch_ratio_is_one(tmp_path, monkeypatch, bf16, on_cpu):
     """PPO's ratio new / old probability is exactly 1 at the first minibatch of the first epoch (nothing has
     been updated yet). Under bf16 autocast the sampler's cached decoding rounds differently from the loss's
     full forward, so the old logprobs are recomputed with the loss's forward: the ratio stays within 1e-3

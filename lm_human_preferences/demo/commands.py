@@ -48,7 +48,7 @@ from lm_human_preferences.demo.story import demo_corpus
 from lm_human_preferences.language import checkpoints, encodings, model, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import gcs, plots
+from lm_human_preferences.utils import files, gcs, plots
 from lm_human_preferences.utils.run import Progress
 
 DEMO_MODEL = 'demo'     # task.policy.initial_model: the pretrained model in saved_models_dir()/demo (resolved here)
@@ -236,10 +236,7 @@ def make_labels(hparams: train_reward_module.HParams, path, *, num_labels, seed)
     if utils.is_root():
         records = [record for rank in every_rank for record in rank][:num_labels]
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        tmp = f'{path}.tmp-{os.getpid()}'
-        with open(tmp, 'w') as f:
-            json.dump(records, f)
-        os.replace(tmp, path)
+        files.atomic_write(path, json.dumps(records).encode())
     utils.mpi_bcast(None)  # everyone waits until the file is in place
 
 

@@ -27,6 +27,7 @@ import os
 import re
 
 from lm_human_preferences.language import checkpoints, trained_models
+from lm_human_preferences.utils import files
 
 # Our parameter names (without the `model.` prefix) -> GPT2LMHeadModel's.
 _RENAMES = [
@@ -119,13 +120,6 @@ def _check_shapes(transformer, hparams, source):
         raise ValueError(f'{source} has {extra[0]}, which its hparams.json ({hparams.n_layer} layers) does not')
 
 
-def _write_atomic(path, data: bytes):
-    tmp = f'{path}.tmp-{os.getpid()}'
-    with open(tmp, 'wb') as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 def export(model_dir, out_dir, *, scope=None):
     """Export the latest checkpoint of model_dir (one of ours, or an original TF one, converted first)
     to out_dir. Returns the list of files written."""
@@ -140,12 +134,12 @@ def export(model_dir, out_dir, *, scope=None):
     os.makedirs(out_dir, exist_ok=True)
     # safetensors metadata format=pt: transformers refuses safetensors files without it.
     written = [os.path.join(out_dir, 'config.json'), os.path.join(out_dir, 'model.safetensors')]
-    _write_atomic(written[0], (json.dumps(gpt2_config(hparams, m.encoding), indent=2) + '\n').encode())
-    _write_atomic(written[1], save(transformer, metadata={'format': 'pt'}))
+    files.atomic_write(written[0], (json.dumps(gpt2_config(hparams, m.encoding), indent=2) + '\n').encode())
+    files.atomic_write(written[1], save(transformer, metadata={'format': 'pt'}))
     for name, tensors in sorted(heads.items()):
         written.append(os.path.join(out_dir, f'{name}_head.safetensors'))
-        _write_atomic(written[-1], save(tensors, metadata={'format': 'pt'}))
+        files.atomic_write(written[-1], save(tensors, metadata={'format': 'pt'}))
     info = dict(source=os.path.abspath(source), encoding=m.encoding.name, heads=sorted(heads))
     written.append(os.path.join(out_dir, 'lmhp_export.json'))
-    _write_atomic(written[-1], (json.dumps(info, indent=2) + '\n').encode())
+    files.atomic_write(written[-1], (json.dumps(info, indent=2) + '\n').encode())
     return written

@@ -168,8 +168,8 @@ class StatsLog:
                     row = json.loads(line) if line.endswith(b'\n') else None
                 except ValueError:
                     row = None
-                if row is None:
-                    warnings.warn(f'{self.jsonl_path}: dropping a line cut off by a kill: {line[:80]!r}',
+                if not isinstance(row, dict):
+                    warnings.warn(f'{self.jsonl_path}: dropping a line that is not a stats row (cut off by a kill?): {line[:80]!r}',
                                   StatsWarning, stacklevel=2)
                 elif row.get('step', step) < step:
                     keep.append(line)
@@ -359,7 +359,9 @@ class Run:
                          f'this run has {_brief(fingerprint)}. To resume it, give it its {name} again; to start '
                          f'a new run, choose another --save_dir')
             else:
-                updated = {**recorded, name: fingerprint, **({f'{name}_source': source} if source else {})}
+                # the source the run first recorded stays (a resume from a copied dir or another cache
+                # path reads the same records)
+                updated = {name: fingerprint, **({f'{name}_source': source} if source else {}), **recorded}
                 if updated != recorded:
                     files.atomic_write(path, json.dumps(updated, indent=1).encode())
         error = core.mpi_bcast(error)
@@ -405,8 +407,12 @@ class Run:
         self.saved_step = step
         self.saved_model_step = step if model else self.saved_model_step
         if core.is_root():
-            checkpoints.prune_checkpoints(self.model_dir, keep=self.hparams.run.keep_checkpoints,
-                                          protect=checkpointing.referenced_checkpoint_steps(self.model_dir))
+            self._prune_model_checkpoints()
+
+    def _prune_model_checkpoints(self):
+        # the newest run.keep_checkpoints (the original's max_to_keep), and those a training state refers to
+        checkpoints.prune_checkpoints(self.model_dir, keep=self.hparams.run.keep_checkpoints,
+                                      protect=checkpointing.referenced_checkpoint_steps(self.model_dir))
 
     def save_model_at_exit(self, step):
         """The original's `finally: saver.save()` after an error: the model checkpoint of the weights
@@ -418,6 +424,7 @@ class Run:
         module, model_hparams, encoding = self.tracked['model']
         if all(bool(torch.isfinite(p).all()) for p in module.parameters()):
             checkpoints.save_checkpoint(self.model_dir, step, module, hparams=model_hparams, encoding=encoding)
+            self._prune_model_checkpoints()
 
     @contextlib.contextmanager
     def training(self, *, step: Callable[[], int], save: Optional[Callable[[], None]] = None):

@@ -31,7 +31,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         elif self.path.startswith('/slowonce') and self.server.requests.count(self.path) == 1:
             time.sleep(1.0)  # longer than the test's timeout_s: a read timeout, then a retry
-            self.send_error(503)
+            self.close_connection = True  # the client has given up on this one: answer nothing
         elif self.path.startswith('/halfonce') and self.server.requests.count(self.path) == 1:
             self.send_response(200)
             self.send_header('Content-Length', str(len(BODY)))
@@ -145,6 +145,24 @@ def test_a_download_validate_refuses_is_not_cached(server):
     assert server.requests == ['/labels.json']  # a refused file is not downloaded again
     path = gcs.cached_path(url)
     assert not os.path.exists(os.path.dirname(path)) or os.listdir(os.path.dirname(path)) == []
+
+
+def test_urls_differing_in_their_query_are_different_files(server, tmp_path):
+    a = gcs.download_file_cached(_url(server, '/d.json?v=1'), cache_dir=str(tmp_path))
+    b = gcs.download_file_cached(_url(server, '/d.json?v=2'), cache_dir=str(tmp_path))
+    assert a != b and os.path.dirname(a) == os.path.dirname(b)
+    assert server.requests == ['/d.json?v=1', '/d.json?v=2']
+    assert gcs.download_record(b)['url'] == _url(server, '/d.json?v=2')
+
+
+def test_a_cache_that_cannot_be_written_is_one_line_naming_the_url(server, tmp_path):
+    blocker = tmp_path / 'cache'
+    blocker.write_text('a file where the cache dir should be')
+    url = _url(server, '/x.bin')
+    with pytest.raises(gcs.DownloadError) as e:
+        gcs.download_file_cached(url, cache_dir=str(blocker))
+    assert str(e.value) == (f'could not download {url} into the cache '
+                            f'{gcs.cached_path(url, cache_dir=str(blocker))}: Not a directory')
 
 
 def test_cache_dir_argument(server, tmp_path):

@@ -332,6 +332,26 @@ def test_a_rerun_on_changed_labels_is_refused(tmp_path):
     assert sorted(p.name for p in save_dir.rglob('*')) == before
 
 
+def test_a_run_that_stopped_before_training_does_not_hold_its_save_dir(tmp_path):
+    """A fresh run that stopped at a bad input (here its label file) trained nothing: the corrected
+    rerun, with other hparams (another label file), takes the save dir instead of being refused as
+    another run; once a run has trained, other hparams are refused as before."""
+    from test_resume import write_labels
+    save_dir = tmp_path / 'run'
+    bad = tmp_path / 'bad.json'
+    bad.write_text('[{"query": [1, 2], "sample0": ')
+    with pytest.raises(ValueError, match='is not valid JSON'):
+        train_reward.train(reward_hparams(save_dir, bad))
+    assert json.loads((save_dir / 'train_reward_hparams.json').read_text())['labels']['source'] == str(bad)
+    good = write_labels(tmp_path / 'good.json', 20)
+    train_reward.train(reward_hparams(save_dir, good))
+    assert json.loads((save_dir / 'train_reward_hparams.json').read_text())['labels']['source'] == str(good)
+    assert json.loads((save_dir / 'train_reward_data.json').read_text())['labels_source'] == dict(path=str(good))
+    with pytest.raises(ValueError, match=rf'^{save_dir} holds another run: its train_reward_hparams.json has '
+                                         r'labels.source='):
+        train_reward.train(reward_hparams(save_dir, write_labels(tmp_path / 'other.json', 20)))
+
+
 def test_reward_progress_and_summary(tmp_path, capsys):
     """train_reward's console: progress lines (step/total, time per step, ETA) for the normalization
     sampling and the reward steps, then the end-of-run summary with its final metrics and paths."""

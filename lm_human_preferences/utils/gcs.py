@@ -94,6 +94,8 @@ def _cache_path(url, cache_dir):
     dest = os.path.abspath(os.path.join(root, rel))
     if not rel or rel.endswith('/') or not dest.startswith(root + os.sep):
         raise DownloadError(f'could not download {url}: the URL does not name a file')
+    if parsed.query:  # another query, another file (e.g. a version): its own cache entry
+        dest += f'.query-{hashlib.sha256(parsed.query.encode()).hexdigest()[:16]}'
     return dest
 
 
@@ -325,6 +327,8 @@ def download_file_cached(url, *, cache_dir=None, validate=None, retries=4, backo
                                timeout_s=timeout_s)
         except DownloadError as e:
             error = str(e)
+        except OSError as e:  # the cache cannot be written (read-only, full disk)
+            error = f'could not download {url} into the cache {dest}: {e.strerror or e}'
     # The broadcast doubles as the barrier: the other ranks wait here until rank 0 is done, and fail
     # with rank 0's error instead of waiting for a file that will never come.
     error = core.mpi_bcast(error)

@@ -298,8 +298,10 @@ class Run:
         if self.save_dir and core.is_root():
             try:
                 # A rerun must match the hparams of the run in the save dir (refused, it writes nothing).
-                existing = checkpointing.check_resume_compatible(self.save_dir, hparams.to_nested_dict(),
-                                                                 f'{kind}_hparams.json', ignore=LOGGING_HPARAMS)
+                # A save dir where nothing was trained yet (a run that stopped at a bad input, say) holds
+                # no run: the corrected rerun replaces its hparams.
+                existing = self.trained_anything() and checkpointing.check_resume_compatible(
+                    self.save_dir, hparams.to_nested_dict(), f'{kind}_hparams.json', ignore=LOGGING_HPARAMS)
                 os.makedirs(self.model_dir, exist_ok=True)
                 self._lock.enter_context(_locked(self.save_dir))
                 _remove_temporaries(self.save_dir)
@@ -318,6 +320,10 @@ class Run:
 
     def __enter__(self):
         return self
+
+    def trained_anything(self):
+        """Whether the run saved a training state or a model checkpoint (its model dir has one)."""
+        return bool(checkpointing.train_state_steps(self.model_dir) or checkpoints.checkpoint_steps(self.model_dir))
 
     def __exit__(self, *exc):
         """Close the stats sinks and release the save dir."""
@@ -354,14 +360,16 @@ class Run:
             if os.path.exists(path):
                 with open(path) as f:
                     recorded = json.load(f)
-            if name in recorded and recorded[name] != fingerprint:
+            if name in recorded and recorded[name] != fingerprint and self.trained_anything():
                 error = (f'{self.save_dir} holds a run on other {name}: it recorded {_brief(recorded[name])}, '
                          f'this run has {_brief(fingerprint)}. To resume it, give it its {name} again; to start '
                          f'a new run, choose another --save_dir')
             else:
                 # the source the run first recorded stays (a resume from a copied dir or another cache
-                # path reads the same records)
-                updated = {name: fingerprint, **({f'{name}_source': source} if source else {}), **recorded}
+                # path reads the same records); before anything was trained, this run's data replace it
+                kept = recorded if self.trained_anything() else {
+                    k: v for k, v in recorded.items() if k not in (name, f'{name}_source')}
+                updated = {name: fingerprint, **({f'{name}_source': source} if source else {}), **kept}
                 if updated != recorded:
                     files.atomic_write(path, json.dumps(updated, indent=1).encode())
         error = core.mpi_bcast(error)

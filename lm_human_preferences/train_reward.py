@@ -169,6 +169,10 @@ def download_labels(source, label_type, question_schemas, total_labels, *, n_voc
         if len(records) < total_labels:
             raise ValueError(f'label file {where} has {len(records)} records, but labels.num_train is {total_labels}')
 
+    if source != 'test' and not gcs.is_url(source) and not os.path.isfile(source):
+        raise ValueError(f'labels.source {source!r}: ' + (
+            'a directory; expected an https URL or a JSON file of label records' if os.path.isdir(source) else
+            'no such file; expected an https URL or a JSON file of label records'))
     if source != 'test':
         # Ours: a downloaded file is checked before it enters the cache (gcs's validate), and its records
         # are kept, so that it is parsed once; a cached or local file is checked here.

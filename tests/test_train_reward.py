@@ -365,6 +365,16 @@ def _download_labels(url):
     return train_reward.download_labels(url, label_type, schemas, 16, n_vocab=N_VOCAB, padding_token=PAD)
 
 
+def test_a_label_source_that_is_no_file(tmp_path):
+    with pytest.raises(ValueError, match=r"^labels.source '': no such file; expected an https URL or a JSON file "
+                                         r"of label records$"):
+        _download_labels('')
+    with pytest.raises(ValueError, match=rf"^labels.source '{tmp_path}': a directory; expected an https URL"):
+        _download_labels(str(tmp_path))
+    with pytest.raises(ValueError, match=rf"^labels.source '{tmp_path}/nope.json': no such file"):
+        _download_labels(str(tmp_path / 'nope.json'))
+
+
 def test_labels_from_the_mirror_when_the_original_url_fails(label_server, monkeypatch):
     """The original's URL answers 404: the same path on the mirror is downloaded, checked through the
     real label parsing, and cached under the original URL, with a record naming the mirror."""

@@ -39,7 +39,11 @@ class CheckpointWarning(UserWarning):
 
 def load_hparams(file):
     if not os.path.isfile(file):
-        raise FileNotFoundError(f'{file} does not exist')
+        # Ours: a model dir holds hparams.json beside its checkpoints/ (a run's save dir holds its models
+        # in policy/ and reward_model/)
+        raise FileNotFoundError(f'{file} does not exist: {os.path.dirname(file)} is not a model directory '
+                                f'(one holds hparams.json and checkpoints/; a save dir holds them in policy/ '
+                                f'and reward_model/)')
     hparams = model.HParams()
     hparams.override_from_json_file(file)
     return hparams

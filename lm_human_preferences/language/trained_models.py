@@ -42,7 +42,8 @@ class TrainedModel():
             if self.savedir is not None and gcs.is_url(self.savedir):
                 self.savedir = download_tf_model_dir(self.savedir)
             if self.savedir is not None and not os.path.isdir(self.savedir):
-                raise FileNotFoundError(f'model directory {self.savedir} does not exist')
+                raise FileNotFoundError(f'model directory {self.savedir} ' + (
+                    'is a file, not a directory' if os.path.exists(self.savedir) else 'does not exist'))
             # The original always used Main for non-test models; we honour the dir's `encoding` file.
             self.encoding = checkpoints.read_encoding(self.savedir) if self.savedir else encodings.Main
         self._hparams = None

@@ -285,6 +285,14 @@ def _get_trials(experiment_dict, command, exp):
             f"Couldn't find experiment '{exp}' for {command} (choose from: {', '.join(experiment_dict)})") from None
 
 
+def _check_name(name):
+    """Ours: NAME is a directory under --save_dir, so it must be one plain name (the run's files stay
+    inside --save_dir, in a directory of their own)."""
+    if name in ('', '.', '..') or any(c and c in name for c in ('/', os.sep, os.altsep, '\0')):
+        raise launch.ConfigError(f"run name {name!r}: it must be a plain directory name "
+                                 f"(no '/', not '.' or '..', not empty)")
+
+
 # The paper's experiments ran as 8 MPI ranks (the original's default mpi=8), and their numbers depend on
 # it (per-rank batches, whitening, seeds); ours (test, demo) are sized for one rank.
 PAPER_RANKS = 8
@@ -299,6 +307,7 @@ def launch_train_policy(exp, name, dry_run=False, mpi=None, procs=None, save_dir
     into <save_dir>/NAME/reward_model, unless --rewards.trained_model DIR --rewards.train_new_model off.
     Rerunning the same command resumes from the last saved state. --mpi N: the original's N ranks (its
     8 for the paper's experiments), carried by --procs P processes (default: one per GPU, or 1)."""
+    _check_name(name)
     trials = _get_trials(get_experiments(), 'train_policy', exp)
     from lm_human_preferences import train_policy  # lazily: it pulls in the models and datasets
     fn = train_policy.train
@@ -316,6 +325,7 @@ def launch_train_reward(exp, name, dry_run=False, mpi=None, procs=None, save_dir
     """Train a reward model on the experiment's human labels (one epoch), normalized on samples of the
     initial policy. Rerunning the same command resumes from the last saved state. --mpi N: the
     original's N ranks (its 8 for the paper's experiments), carried by --procs P processes."""
+    _check_name(name)
     trials = _get_trials(get_train_reward_experiments(), 'train_reward', exp)
     from lm_human_preferences import train_reward
     fn = train_reward.train

@@ -48,9 +48,12 @@ class TaskHParams(hyperparams.HParams):
         datasets.check_dataset_name(self.query_dataset, name=prefix + 'query_dataset')
         n_ctx = trained_models.known_n_ctx(self.policy.initial_model)
         tokens = self.query_length + self.response_length
-        hyperparams.require(n_ctx is None or tokens <= n_ctx, prefix + 'query_length', self.query_length,
-                            f'with {prefix}response_length {self.response_length} it needs {tokens} positions, '
-                            f'and the model {self.policy.initial_model} has n_ctx {n_ctx}')
+        if n_ctx is not None and tokens > n_ctx:
+            # Both lengths take positions: the line names the two, not one of them.
+            raise hyperparams.HParamValueError(
+                f"hyperparameters '{prefix}query_length' + '{prefix}response_length' are {self.query_length} + "
+                f"{self.response_length} = {tokens} positions: the model {self.policy.initial_model} has n_ctx "
+                f"{n_ctx}, their sum must be at most {n_ctx}")
 
 #returns a postprocessing function
 #it is applied to responses before they are scored

@@ -37,6 +37,13 @@ class AdaptiveKLParams(hyperparams.HParams):
     target: float = None
     horizon: int = 10000  # in episodes
 
+    def validate(self, *, prefix=''):
+        super().validate(prefix=prefix)
+        # Ours: AdaptiveKLController divides by both.
+        hyperparams.require(hyperparams.positive(self.target), prefix + 'target', self.target,
+                            'it must be a positive number (the KL the controller aims at)')
+        hyperparams.require(self.horizon > 0, prefix + 'horizon', self.horizon, 'it must be at least 1')
+
 
 @dataclass
 class RewardHParams(hyperparams.HParams):
@@ -51,6 +58,14 @@ class RewardHParams(hyperparams.HParams):
 
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
+        if self.adaptive_kl is None:
+            hyperparams.require(hyperparams.nonnegative(self.kl_coef), prefix + 'kl_coef', self.kl_coef,
+                                'it must be a number at least 0 (0: no KL penalty)')
+        else:
+            # The controller only multiplies it: from 0 it never moves, and a negative one rewards the KL.
+            hyperparams.require(hyperparams.positive(self.kl_coef), prefix + 'kl_coef', self.kl_coef,
+                                f'it must be a positive number with {prefix}adaptive_kl on (the controller only '
+                                f'multiplies it: 0 stays 0)')
         # The original asserted these; a ValueError names the keys.
         if self.trained_model is not None and self.train_new_model is not None:
             raise ValueError(f'Cannot use trained_model and train new model: set only one of '
@@ -90,6 +105,23 @@ class HParams(hyperparams.HParams):
         for name in ('batch_size', 'nminibatches', 'noptepochs', 'total_episodes'):
             require(getattr(ppo, name) > 0, f'{prefix}ppo.{name}', getattr(ppo, name), 'it must be at least 1')
         require(hyperparams.positive(ppo.lr), f'{prefix}ppo.lr', ppo.lr, 'it must be a positive number')
+        for name in ('cliprange', 'cliprange_value'):
+            require(hyperparams.positive(getattr(ppo, name)), f'{prefix}ppo.{name}', getattr(ppo, name),
+                    'it must be a positive number')
+        require(hyperparams.nonnegative(ppo.vf_coef), f'{prefix}ppo.vf_coef', ppo.vf_coef,
+                'it must be a number at least 0')
+        for name in ('gamma', 'lam'):
+            require(hyperparams.fraction(getattr(ppo, name)), f'{prefix}ppo.{name}', getattr(ppo, name),
+                    'it must be a number from 0 to 1')
+        adaptive_kl = self.rewards.adaptive_kl
+        if adaptive_kl is not None:
+            # Each batch multiplies kl_coef by 1 + e * ppo.batch_size / horizon, e in [-0.2, 0.2]: at or
+            # under batch_size / 5 a batch could zero it or flip its sign.
+            require(5 * adaptive_kl.horizon > ppo.batch_size, f'{prefix}rewards.adaptive_kl.horizon',
+                    adaptive_kl.horizon,
+                    f'it must be more than {prefix}ppo.batch_size {ppo.batch_size} / 5 (each batch the controller '
+                    f'multiplies {prefix}rewards.kl_coef by down to 1 - 0.2 * batch_size / horizon, which must '
+                    f'stay positive)')
         # NOTE: must additionally divide by # ranks (check_ranks, at launch)
         require(ppo.batch_size % ppo.nminibatches == 0, f'{prefix}ppo.batch_size', ppo.batch_size,
                 f'it must be a multiple of {prefix}ppo.nminibatches {ppo.nminibatches}')

@@ -306,3 +306,16 @@ def test_pep604_and_string_annotations():
     hp.validate()
     hp.override_from_str_dict({'a': 'None', 'b': 'off'})
     assert hp.a is None and hp.b is None
+
+
+@pytest.mark.parametrize('value, is_positive, is_nonnegative, is_fraction', [
+    (0.5, True, True, True), (1, True, True, True), (0, False, True, True), (0.0, False, True, True),
+    (2.0, True, True, False), (-0.1, False, False, False), (float('nan'), False, False, False),
+    (float('inf'), False, False, False), (float('-inf'), False, False, False), ('1', False, False, False),
+    (None, False, False, False),
+])
+def test_number_checks_for_require(value, is_positive, is_nonnegative, is_fraction):
+    """The checks validate() passes to require(): finite numbers only (nan fails every comparison)."""
+    assert hyperparams.positive(value) is is_positive
+    assert hyperparams.nonnegative(value) is is_nonnegative
+    assert hyperparams.fraction(value) is is_fraction

@@ -20,6 +20,9 @@ import sample as top_sample  # noqa: E402  (the top-level sample.py)
 
 COMMANDS = dict(train_reward=top_launch.launch_train_reward, train_policy=top_launch.launch_train_policy)
 
+# The test experiment has no adaptive KL controller: these turn it on with a target that works.
+ADAPTIVE_KL = ['--rewards.adaptive_kl', 'on', '--rewards.adaptive_kl.target', '6']
+
 CASES = [
     # command, extra argv, the error line after 'error: x: '
     ('train_reward', ['--batch_size', '-8'], "hyperparameter 'batch_size' is -8: it must be at least 1"),
@@ -48,8 +51,46 @@ CASES = [
     ('train_policy', ['--task.query_length', '0'], "hyperparameter 'task.query_length' is 0: it must be at least 1"),
     ('train_policy', ['--task.response_length', '-3'], "hyperparameter 'task.response_length' is -3: it must be at least 1"),
     ('train_policy', ['--task.query_length', '6'],  # the test model's n_ctx is 8
-     "hyperparameter 'task.query_length' is 6: with task.response_length 3 it needs 9 positions, and the model test "
-     "has n_ctx 8"),
+     "hyperparameters 'task.query_length' + 'task.response_length' are 6 + 3 = 9 positions: the model test has "
+     "n_ctx 8, their sum must be at most 8"),
+    ('train_policy', ['--task.response_length', '100000'],  # once named only task.query_length
+     "hyperparameters 'task.query_length' + 'task.response_length' are 2 + 100000 = 100002 positions: the model "
+     "test has n_ctx 8, their sum must be at most 8"),
+    ('train_policy', ['--rewards.train_new_model.task.response_length', '7'],
+     "hyperparameters 'rewards.train_new_model.task.query_length' + 'rewards.train_new_model.task.response_length' "
+     "are 2 + 7 = 9 positions: the model test has n_ctx 8, their sum must be at most 8"),
+    # The PPO and KL floats (once unchecked: -1 ran, nan and inf failed after the reward model had trained).
+    ('train_policy', ['--rewards.kl_coef', '-1'],
+     "hyperparameter 'rewards.kl_coef' is -1.0: it must be a number at least 0 (0: no KL penalty)"),
+    ('train_policy', ['--rewards.kl_coef', 'nan'],
+     "hyperparameter 'rewards.kl_coef' is nan: it must be a number at least 0 (0: no KL penalty)"),
+    ('train_policy', ['--rewards.kl_coef', 'inf'],
+     "hyperparameter 'rewards.kl_coef' is inf: it must be a number at least 0 (0: no KL penalty)"),
+    ('train_policy', [*ADAPTIVE_KL, '--rewards.kl_coef', '0'],
+     "hyperparameter 'rewards.kl_coef' is 0.0: it must be a positive number with rewards.adaptive_kl on (the "
+     "controller only multiplies it: 0 stays 0)"),
+    ('train_policy', ['--rewards.adaptive_kl', 'on', '--rewards.adaptive_kl.target', '0'],
+     "hyperparameter 'rewards.adaptive_kl.target' is 0.0: it must be a positive number (the KL the controller aims "
+     "at)"),
+    ('train_policy', ['--rewards.adaptive_kl', 'on', '--rewards.adaptive_kl.target', 'nan'],
+     "hyperparameter 'rewards.adaptive_kl.target' is nan: it must be a positive number (the KL the controller aims "
+     "at)"),
+    ('train_policy', [*ADAPTIVE_KL, '--rewards.adaptive_kl.horizon', '0'],
+     "hyperparameter 'rewards.adaptive_kl.horizon' is 0: it must be at least 1"),
+    ('train_policy', [*ADAPTIVE_KL, '--rewards.adaptive_kl.horizon', '6'],  # 1 - 0.2 * 32 / 6 < 0
+     "hyperparameter 'rewards.adaptive_kl.horizon' is 6: it must be more than ppo.batch_size 32 / 5 (each batch "
+     "the controller multiplies rewards.kl_coef by down to 1 - 0.2 * batch_size / horizon, which must stay "
+     "positive)"),
+    ('train_policy', ['--ppo.cliprange', '-1'], "hyperparameter 'ppo.cliprange' is -1.0: it must be a positive number"),
+    ('train_policy', ['--ppo.cliprange', '0'], "hyperparameter 'ppo.cliprange' is 0.0: it must be a positive number"),
+    ('train_policy', ['--ppo.cliprange_value', 'inf'],
+     "hyperparameter 'ppo.cliprange_value' is inf: it must be a positive number"),
+    ('train_policy', ['--ppo.vf_coef', '-0.1'], "hyperparameter 'ppo.vf_coef' is -0.1: it must be a number at least 0"),
+    ('train_policy', ['--ppo.vf_coef', 'nan'], "hyperparameter 'ppo.vf_coef' is nan: it must be a number at least 0"),
+    ('train_policy', ['--ppo.gamma', 'nan'], "hyperparameter 'ppo.gamma' is nan: it must be a number from 0 to 1"),
+    ('train_policy', ['--ppo.gamma', '1.01'], "hyperparameter 'ppo.gamma' is 1.01: it must be a number from 0 to 1"),
+    ('train_policy', ['--ppo.lam', '2'], "hyperparameter 'ppo.lam' is 2.0: it must be a number from 0 to 1"),
+    ('train_policy', ['--ppo.lam', '-0.5'], "hyperparameter 'ppo.lam' is -0.5: it must be a number from 0 to 1"),
     ('train_policy', ['--task.query_dataset', 'nope'],
      # {registered}: the datasets registered when the check runs (the demo registers 'demo' on import).
      "hyperparameter 'task.query_dataset' is 'nope': choose from {registered}, or local:<directory of .txt files>"),
@@ -102,6 +143,38 @@ def test_bad_hparams_are_one_line_at_launch(command, argv, message, save_dir_wit
     assert not built and snapshot(save_dir_with_files) == before
 
 
+@pytest.mark.parametrize('argv', [
+    # The ends of each allowed range still run.
+    ['--rewards.kl_coef', '0', '--ppo.vf_coef', '0', '--ppo.gamma', '0', '--ppo.lam', '1'],
+    ['--ppo.gamma', '1', '--ppo.lam', '0', '--ppo.cliprange', '1e-3', '--ppo.cliprange_value', '100'],
+    [*ADAPTIVE_KL, '--rewards.kl_coef', '1e-3', '--rewards.adaptive_kl.horizon', '7'],  # 7 > 32 / 5
+    ['--task.query_length', '5'],  # 5 + 3 = 8 = n_ctx
+])
+def test_hparams_at_the_edges_are_accepted(argv, tmp_path, capsys, monkeypatch):
+    built = []
+    monkeypatch.setattr(launch, 'launch', lambda *a, **k: built.append(a))
+    launch.main(COMMANDS, argv=['train_policy', 'test', 'x', *argv, '--save_dir', str(tmp_path)])
+    assert capsys.readouterr().err == '' and len(built) == 1
+
+
+@pytest.mark.parametrize('command', sorted(COMMANDS))
+@pytest.mark.parametrize('name', ['', '.', '..', '../../etc', 'a/b', '/abs', 'x/', 'a\0b'])
+def test_run_names_that_are_not_one_directory_are_refused(command, name, save_dir_with_files, capsys, monkeypatch):
+    """NAME is a directory under --save_dir: '' once wrote into the save dir itself, '../../etc' outside it
+    (both ran with --dry_run and exit 0)."""
+    built = []
+    monkeypatch.setattr(launch, 'launch', lambda *a, **k: built.append(a))
+    before = snapshot(save_dir_with_files)
+    with pytest.raises(SystemExit) as e:
+        launch.main(COMMANDS, argv=[command, 'test', name, '--dry_run', '--save_dir', str(save_dir_with_files)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: run name {name!r}: it must be a plain directory name (no '/', not '.' or '..', "
+                   f"not empty)\n")
+    assert len(err.splitlines()) == 1
+    assert not built and snapshot(save_dir_with_files) == before
+
+
 @pytest.mark.parametrize('argv, message', [
     (['--batch_size', '0'], '--batch_size 0: it must be at least 1'),
     (['--nsamples', '-4'], '--nsamples -4: it must be at least 0 (0: sample forever)'),
@@ -120,11 +193,16 @@ def test_bad_sample_options_are_one_line(argv, message, tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('argv', [['train_reward', 'test', 'x', '--batch_size', '-8'],
-                                  ['train_policy', 'test', 'x', '--mpi', '-1']])
-def test_exit_codes_of_a_real_process(argv, tmp_path):
-    """Both once trained nothing and exited 0 (`--batch_size -8` even saved its untrained model as done)."""
+@pytest.mark.parametrize('argv, start', [
+    (['train_reward', 'test', 'x', '--batch_size', '-8'], 'error: x: '),
+    (['train_policy', 'test', 'x', '--mpi', '-1'], 'error: x: '),
+    (['train_policy', 'test', 'x', '--ppo.cliprange', '-1'], "error: x: hyperparameter 'ppo.cliprange' is -1.0"),
+    (['train_reward', 'test', '../../etc', '--dry_run'], "error: run name '../../etc': "),
+])
+def test_exit_codes_of_a_real_process(argv, start, tmp_path):
+    """All once exited 0: the first two trained nothing (`--batch_size -8` even saved its untrained model as
+    done), the third trained with a negative clip range, the last wrote outside --save_dir."""
     proc = subprocess.run([sys.executable, 'launch.py', *argv, '--save_dir', str(tmp_path)], cwd=REPO_ROOT,
                           capture_output=True, text=True, env=env(), timeout=120)
-    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith('error: x: ')
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(start)
     assert not list(tmp_path.iterdir())

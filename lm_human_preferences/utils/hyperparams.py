@@ -241,6 +241,16 @@ def positive(value):
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
+def nonnegative(value):
+    """Ours, for require(): a finite number >= 0 (nan and inf are not)."""
+    return isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+
+
+def fraction(value):
+    """Ours, for require(): a number from 0 to 1, both included (nan is not)."""
+    return nonnegative(value) and value <= 1
+
+
 def save_json(hparams, path):
     """Write hparams.to_nested_dict() as JSON, atomically (the trainers save their hparams with this)."""
     files.atomic_write(path, json.dumps(hparams.to_nested_dict(), indent=2).encode())

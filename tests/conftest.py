@@ -1,4 +1,5 @@
 """Shared pytest fixtures."""
+import os
 import sys
 from pathlib import Path
 
@@ -11,6 +12,11 @@ SHARED_DIR = REPO_ROOT.parent / 'shared'
 
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+# The TF converter sets these before it imports tensorflow (quiet, no oneDNN rewrites); set here too, so
+# that the tests comparing with TF's own ops run TF the same way whichever test imports it first.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 
 
 @pytest.fixture

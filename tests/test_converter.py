@@ -10,6 +10,7 @@ import http.server
 import json
 import os
 import pickle
+import re
 import runpy
 import subprocess
 import sys
@@ -325,6 +326,53 @@ def test_conversion_errors_files(tf, tmp_path):
     convert_tf.convert_tf_checkpoint(str(both), str(tmp_path / 'dst'), scope='policy')
 
 
+def truncate_tf_data(prefix):
+    """Cut the checkpoint's data file in half, as an interrupted copy or download leaves it."""
+    data = Path(f'{prefix}.data-00000-of-00001')
+    data.write_bytes(data.read_bytes()[:data.stat().st_size // 2])
+
+
+def test_truncated_tf_checkpoint(tf, tmp_path, monkeypatch):
+    """A reward model whose data file was cut short: one line naming the checkpoint (TF's reader raises
+    IndexError, 'Read less bytes than requested'), and nothing converted is left behind."""
+    reward_dir = write_original_save_dirs(tf, str(tmp_path / 'truncated'), np.random.RandomState(7))['reward_dir']
+    prefix = os.path.join(reward_dir, 'checkpoints', 'model.ckpt')
+    truncate_tf_data(prefix)
+    match = rf'^{re.escape(prefix)} is not a readable TensorFlow checkpoint \(truncated or corrupt: [^\n]+\)$'
+    with pytest.raises(ValueError, match=match):
+        convert_tf.convert_tf_checkpoint(reward_dir, str(tmp_path / 'dst'))
+    assert not (tmp_path / 'dst').exists()
+    monkeypatch.setenv('LMHP_SAVED_MODELS_DIR', str(tmp_path / 'saved_models'))
+    with pytest.raises(ValueError, match=match):  # the same error through TrainedModel
+        trained_models.TrainedModel(reward_dir).checkpoint()
+    assert not list((tmp_path / 'saved_models').rglob('*.safetensors'))
+
+
+@pytest.mark.slow
+def test_conversion_prints_nothing_from_tensorflow(tf, tmp_path):
+    """TF's C++ log lines (absl's 'All log messages before absl::InitializeLog()', the oneDNN and CPU
+    feature notices) stay off stderr: a conversion prints nothing there, and a failing one only our line.
+    Fresh processes: this one has imported TensorFlow already, and conversion set its environment."""
+    write_release(tf, str(tmp_path / 'release'), np.random.RandomState(8))
+    reward_dir = write_original_save_dirs(tf, str(tmp_path / 'save'), np.random.RandomState(9))['reward_dir']
+    truncate_tf_data(os.path.join(reward_dir, 'checkpoints', 'model.ckpt'))
+    env = {k: v for k, v in os.environ.items() if k not in ('TF_CPP_MIN_LOG_LEVEL', 'TF_ENABLE_ONEDNN_OPTS')}
+    script = (f'from lm_human_preferences.language import convert_tf\n'
+              f'convert_tf.convert_tf_checkpoint({str(tmp_path / "release")!r}, {str(tmp_path / "out")!r})\n')
+    res = subprocess.run([sys.executable, '-c', script], cwd=REPO_ROOT, capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert res.returncode == 0 and res.stderr == '', res.stderr
+    assert checkpoints.latest_checkpoint(str(tmp_path / 'out')) is not None
+
+    res = subprocess.run([sys.executable, 'launch.py', 'train_policy', 'test', 'x', '--save_dir', str(tmp_path / 'run'),
+                          '--rewards.trained_model', reward_dir, '--rewards.train_new_model', 'off'],
+                         cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 1
+    assert res.stderr.splitlines() == [
+        f'error: {reward_dir}/checkpoints/model.ckpt is not a readable TensorFlow checkpoint (truncated or corrupt: '
+        f'Read less bytes than requested)'], res.stderr
+
+
 # --- our format (no TensorFlow) ------------------------------------------------------------------------
 
 def test_checkpoint_roundtrip(tmp_path):
@@ -373,10 +421,16 @@ def test_checkpoint_errors(tmp_path):
     empty.mkdir()
     with pytest.raises(FileNotFoundError, match=f'no checkpoint in {empty}'):
         trained_models.TrainedModel(str(empty)).checkpoint()
-    with pytest.raises(FileNotFoundError, match=f'{empty}/hparams.json does not exist'):
+    with pytest.raises(FileNotFoundError, match=rf'^{empty}/hparams.json does not exist: {empty} is not a model '
+                                                rf'directory \(one holds hparams.json and checkpoints/; a save dir '
+                                                r'holds them in policy/ and reward_model/\)$'):
         trained_models.TrainedModel(str(empty)).hparams()
     with pytest.raises(FileNotFoundError, match='no checkpoint in'):
         checkpoints.load_checkpoint(str(empty))
+    a_file = tmp_path / 'labels.json'
+    a_file.write_text('[]')
+    with pytest.raises(FileNotFoundError, match=f'^model directory {a_file} is a file, not a directory$'):
+        trained_models.TrainedModel(str(a_file))
 
     policy = Policy(trained_models.TrainedModel('test'))
     good = policy.state_dict()

@@ -13,6 +13,7 @@ only the chosen scope is converted, and its optimizer slots are skipped.
 TensorFlow is imported only inside the functions that read a checkpoint: nothing else needs it.
 """
 
+import contextlib
 import os
 import re
 
@@ -131,6 +132,19 @@ def infer_scope(variables, model_dir, *, source):
     raise ValueError(f'cannot tell which model to convert from {source}: it holds scopes {scopes}; pass scope=')
 
 
+@contextlib.contextmanager
+def _unreadable_checkpoint_errors(tf, prefix):
+    """TensorFlow's errors reading the checkpoint at prefix as one line naming it (TF's messages span
+    lines). Its reader raises OpError for a garbage index or a checksum mismatch, and, from its C++
+    bindings, IndexError for a truncated data file ("Read less bytes than requested") or ValueError."""
+    try:
+        yield
+    except (tf.errors.OpError, IndexError, ValueError) as e:
+        message = str(e).strip()
+        reason = message.splitlines()[0] if message else type(e).__name__
+        raise ValueError(f'{prefix} is not a readable TensorFlow checkpoint (truncated or corrupt: {reason})') from None
+
+
 def convert_tf_checkpoint(src, dst, *, scope=None):
     """Convert the TF checkpoint in src (a model dir or a checkpoint prefix) into our format in dst.
 
@@ -148,12 +162,17 @@ def convert_tf_checkpoint(src, dst, *, scope=None):
     hparams = checkpoints.load_hparams(hparams_file)
     encoding = checkpoints.read_encoding(model_dir)
 
+    # TF's C++ log lines (its oneDNN and CPU-feature notices at import) would bury our one-line errors. The oneDNN
+    # notice ignores the log level: only turning oneDNN off stops it, which changes no value (conversion runs no op).
+    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+    os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
     import tensorflow as tf  # only here: nothing but conversion needs TensorFlow
-    try:
+    with _unreadable_checkpoint_errors(tf, prefix):
         variables = tf.train.list_variables(prefix)
-        if scope is None:
-            scope = infer_scope(variables, model_dir, source=prefix)
-        mapping = name_map(variables, hparams, scope=scope, source=prefix)
+    if scope is None:
+        scope = infer_scope(variables, model_dir, source=prefix)
+    mapping = name_map(variables, hparams, scope=scope, source=prefix)
+    with _unreadable_checkpoint_errors(tf, prefix):
         reader = tf.train.load_checkpoint(prefix)
         state = {}
         for name, key in mapping.items():
@@ -161,10 +180,6 @@ def convert_tf_checkpoint(src, dst, *, scope=None):
             if value.ndim == 3:
                 value = value[0]  # conv1x1 weights: [1, nx, nf] -> [nx, nf]
             state[key] = torch.tensor(value)  # a copy; scalars stay 0-d
-    except tf.errors.OpError as e:
-        # Ours: a garbage or truncated checkpoint (TF's message spans lines): one line naming it.
-        reason = e.message.strip().splitlines()[0] if e.message.strip() else type(e).__name__
-        raise ValueError(f'{prefix} is not a readable TensorFlow checkpoint ({type(e).__name__}: {reason})') from None
     m = re.search(r'-(\d+)$', prefix)
     step = int(m.group(1)) if m else 0
     return checkpoints.write_checkpoint(dst, step, state, hparams=hparams, encoding=encoding)

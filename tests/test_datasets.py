@@ -118,10 +118,17 @@ def test_prepared_queries_are_cached_and_memory_mapped(tmp_path, test_encoder):
     assert isinstance(again.shards[0].queries, np.memmap)
     assert again.shards[0].queries.dtype == np.uint16
     assert torch.equal(first.next_batch(5), again.next_batch(5))
+    # What a run records of its queries: the sha256 of the query stream and its length, the same from
+    # the cache as freshly prepared
+    assert first.fingerprint == again.fingerprint
+    assert set(first.fingerprint) == {'dataset', 'mode', 'sha256', 'queries'} and len(first.fingerprint['sha256']) == 64
+    order = first.shards[0].order
+    assert first.fingerprint['sha256'] == hashlib.sha256(np.asarray(again.shards[0].queries)[order].tobytes()).hexdigest()
 
     # Editing the corpus changes the texts' hash: the queries are prepared again, not read stale.
     (root / '00.txt').write_text('zzz.yyy', encoding='utf-8')
     edited = datasets.get_dataset(name).torch_dataset(8, mode='test', encoder=test_encoder, start_token=26)
+    assert edited.fingerprint['sha256'] != first.fingerprint['sha256']
     assert not isinstance(edited.shards[0].queries, np.memmap)
     assert 'yyy' in [test_encoder.decode(q) for q in edited.next_batch(len(edited.shards[0].order)).tolist()]
 

@@ -113,7 +113,8 @@ class Dataset:
                 f"(start_token={start_token}, end_token={end_token}: every text lacks one of them)")
         return RankShards({rank: ArrayQueries(queries, order, num_shards=num_shards, shard_idx=rank,
                                               repeat_count=repeat_count) for rank in ranks.local_ranks()},
-                          fingerprint=dict(dataset=self.name, mode=mode, prepared=key, queries=len(order)))
+                          fingerprint=dict(dataset=self.name, mode=mode, sha256=_sha256_rows(queries, order),
+                                           queries=len(order)))
 
     def _prepared_queries(self, mode, *, encoder, cut):
         """(queries [n_texts, sequence_length], valid [n_texts] bool, key) for all texts of the split in
@@ -311,6 +312,15 @@ def _texts_sha1(texts):
 def _read_jsonl(path):
     with open(path) as f:
         return [json.loads(line) for line in f]
+
+
+def _sha256_rows(array, order):
+    """The sha256 of array's rows in `order` (the query stream a run reads, before sharding), hashed in
+    chunks: a memory-mapped array is never copied whole."""
+    h = hashlib.sha256()
+    for start in range(0, len(order), 1 << 16):
+        h.update(np.ascontiguousarray(array[order[start:start + (1 << 16)]]).tobytes())
+    return h.hexdigest()
 
 
 def _npy_bytes(array):

@@ -279,24 +279,22 @@ def cached_path(url, *, cache_dir=None):
 
 
 def _fetch(url, dest, **kwargs):
-    """Download url (else its mirror) into dest; returns None, or the one-line error."""
-    try:
-        _download(url, dest, requested_url=url, **kwargs)
-        return None
-    except _Refused as e:
-        return f'could not download {url}: the downloaded file was refused, not cached: {e}'
-    except (_Fatal, _Retryable) as e:
-        error, offline = f'could not download {url}: {e}', isinstance(e, _Unresolvable)
+    """Download url, else its public mirror, into dest; returns None, or the one-line error."""
     mirror = mirror_url(url)
-    if mirror is not None:
+    sources = [(url, url)] + ([(mirror, f'{mirror} (the mirror of {url})')] if mirror else [])
+    failures, offline = [], True
+    for source, named in sources:
         try:
-            _download(mirror, dest, requested_url=url, **kwargs)
+            _download(source, dest, requested_url=url, **kwargs)
             return None
-        except _Refused as e:
-            return f'could not download {mirror} (the mirror of {url}): the downloaded file was refused, not cached: {e}'
+        except _Refused as e:  # the server's file is not what we need: another source will not help
+            return f'could not download {named}: the downloaded file was refused, not cached: {e}'
         except (_Fatal, _Retryable) as e:
-            error += f'; its mirror {mirror} failed too: {e}'
+            failures.append(str(e))
             offline = offline and isinstance(e, _Unresolvable)
+    error = f'could not download {url}: {failures[0]}'
+    if len(failures) > 1:
+        error += f'; its mirror {mirror} failed too: {failures[1]}'
     return error + (f'; {OFFLINE_HINT}' if offline else '')
 
 

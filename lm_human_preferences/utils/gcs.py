@@ -29,6 +29,8 @@ from urllib.parse import unquote, urlparse
 
 import requests
 
+from lm_human_preferences.utils import files
+
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
 # Transfers at least this large get a tqdm progress bar.
@@ -215,7 +217,6 @@ def _record_path(path):
 
 
 def _write_record(path, record):
-    from lm_human_preferences.utils import files  # lazily, as core below
     files.atomic_write(_record_path(path), json.dumps(record, indent=1).encode())
 
 
@@ -240,7 +241,6 @@ def download_record(path):
 def _check_cached(url, path, validate):
     """Check a cached file against its download record. A file without one (cached before records were
     kept, or put there by hand) is checked by validate and adopted: its record gets url None."""
-    from lm_human_preferences.utils import files
     record = download_record(path)
     if record is None:
         if validate is not None:

@@ -169,8 +169,8 @@ class StatsLog:
                 except ValueError:
                     row = None
                 if not isinstance(row, dict):
-                    warnings.warn(f'{self.jsonl_path}: dropping a line that is not a stats row (cut off by a kill?): {line[:80]!r}',
-                                  StatsWarning, stacklevel=2)
+                    warnings.warn(f'{self.jsonl_path}: dropping a line that is not a stats row (cut off by a '
+                                  f'kill?): {line[:80]!r}', StatsWarning, stacklevel=2)
                 elif row.get('step', step) < step:
                     keep.append(line)
             if len(keep) != len(lines):
@@ -360,14 +360,15 @@ class Run:
             if os.path.exists(path):
                 with open(path) as f:
                     recorded = json.load(f)
-            if name in recorded and recorded[name] != fingerprint and self.trained_anything():
+            trained = self.trained_anything()
+            if name in recorded and recorded[name] != fingerprint and trained:
                 error = (f'{self.save_dir} holds a run on other {name}: it recorded {_brief(recorded[name])}, '
                          f'this run has {_brief(fingerprint)}. To resume it, give it its {name} again; to start '
                          f'a new run, choose another --save_dir')
             else:
                 # the source the run first recorded stays (a resume from a copied dir or another cache
                 # path reads the same records); before anything was trained, this run's data replace it
-                kept = recorded if self.trained_anything() else {
+                kept = recorded if trained else {
                     k: v for k, v in recorded.items() if k not in (name, f'{name}_source')}
                 updated = {name: fingerprint, **({f'{name}_source': source} if source else {}), **kept}
                 if updated != recorded:

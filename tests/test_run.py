@@ -195,7 +195,8 @@ def test_progress_summary_and_one_line_missing_heads(tmp_path, capsys):
     # The first line's time per step is that step's (it once measured from the end of the step: ~0 s).
     step_time, per_step = map(float, re.search(r'\[ppo_step 0\] step_time=([\d.]+)s, .*\(1/6, ([\d.e-]+) s/step',
                                                out).groups())
-    assert per_step >= 0.9 * step_time, (step_time, per_step)
+    # step_time is printed to 2 decimals (0.02 stands for [0.015, 0.025)): compare with its lowest value
+    assert per_step >= 0.9 * (step_time - 0.005), (step_time, per_step)
     assert 'train_policy done: 6 steps in' in out
     assert f'  model:        {save_dir}/policy/checkpoints/model-6.safetensors' in out
     assert f'  sample:       python sample.py sample --save_dir {save_dir} --nsamples 8' in out

@@ -246,7 +246,7 @@ class FakePolicy(nn.Module):
         return dict(logprobs=logp[responses], entropies=-(logp.exp() * logp).sum().expand(responses.shape),
                     values=self.v * torch.arange(1, length + 1).float().expand(responses.shape))
 
-    def respond(self, queries, length, microbatch_size=None):
+    def respond(self, queries, length, microbatch_size=None, uniforms=None, cuda_graph=False):
         responses = (queries[:, :1] + torch.arange(length)) % self.n_vocab
         return dict(responses=responses, **{k: v for k, v in self.analyze_responses(queries, responses).items()
                                             if k != 'entropies'})
@@ -410,7 +410,6 @@ def test_first_minibatch_ratio_is_one(tmp_path, monkeypatch, bf16, on_cpu):
                                  'run.bf16': bf16})
     trainer.policy, trainer.ref_policy = policy, ref_policy
     trainer.optimizer = train_policy.utils.AdamTF(policy.parameters(), lr=1e-3)
-    trainer.rank_gradients = train_policy.utils.RankGradients(policy.parameters())
     trainer.sample_queries = lambda: torch.randint(0, 27, (64, 32))
 
     sampled, ratios = [], []
@@ -423,7 +422,7 @@ def test_first_minibatch_ratio_is_one(tmp_path, monkeypatch, bf16, on_cpu):
     monkeypatch.setattr(train_policy, 'ppo_loss', recording_ppo_loss)
     old_logprobs = []
     train = trainer.train
-    monkeypatch.setattr(trainer, 'train', lambda rollouts: old_logprobs.append(rollouts[0]['logprobs']) or train(rollouts))
+    monkeypatch.setattr(trainer, 'train', lambda rollouts: old_logprobs.append(rollouts['logprobs']) or train(rollouts))
     trainer.step()
     off = (ratios[0] - 1).abs().max().item()
     sampler_off = (sampled[0]['logprobs'].float() - old_logprobs[0]).abs().max().item()

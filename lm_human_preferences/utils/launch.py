@@ -2,7 +2,7 @@
 
 The original pickled the trial function with cloudpickle and ran it under `mpiexec -n <mpi>`, one MPI
 rank per process, with a `fire` command line. Here the `mpi` ranks are carried by `procs` processes,
-mpi / procs each, run one after another (utils/ranks.py): one process can run the paper's 8 ranks. We
+mpi / procs each, side by side in its batches (utils/ranks.py): one process can run the paper's 8 ranks. We
 start the workers with torch.multiprocessing.spawn and join them in a torch.distributed process group
 (gloo on CPU, NCCL with one GPU per process); under torchrun we join the group torchrun describes
 instead, whose processes carry the ranks. The command line is parsed by `main` below (no `fire`).

@@ -47,10 +47,10 @@ from lm_human_preferences.utils import checkpointing, core, files, hyperparams, 
 
 SCOPES = dict(train_reward='reward_model', train_policy='policy')
 TB_SUBDIRS = dict(train_reward='reward_model', train_policy='ppo')
-# Hparams that change what a run logs or keeps, or its memory use, not its results: a rerun may change
+# Hparams that change what a run logs or keeps, or its memory use or speed, not its results: a rerun may change
 # them and still resume.
 LOGGING_HPARAMS = ('run.log_interval', 'run.wandb', 'run.wandb_project', 'run.keep_checkpoints',
-                   'run.microbatch_size')
+                   'run.microbatch_size', 'run.cuda_graph')
 # The metrics an end-of-run summary shows, when logged.
 SUMMARY_METRICS = dict(train_reward=('loss', 'eval/loss', 'eval/accuracy'),
                        train_policy=('objective/score', 'objective/kl', 'objective/kl_coef', 'objective/entropy'))

@@ -318,7 +318,7 @@ def launch_train_policy(exp, name, dry_run=False, mpi=None, procs=None, save_dir
     launch.launch_trials(
         name, fn=fn, trials=trials, mpi=_default_mpi(exp) if mpi is None else mpi, procs=procs, save_dir=save_dir,
         hparam_class=train_policy.HParams, extra_hparams=extra_hparams, dry_run=dry_run,
-        hparams_for_ranks=train_policy.check_ranks)
+        hparams_for_ranks=train_policy.check_ranks, derive=train_policy.chain_reward_model)
 
 
 def launch_train_reward(exp, name, dry_run=False, mpi=None, procs=None, save_dir=os.path.join(tempfile.gettempdir(), 'save', 'train_reward'), **extra_hparams):

@@ -111,6 +111,13 @@ CASES = [
     ('train_policy', ['--rewards.train_new_model.labels.type', 'pairs'],
      "hyperparameter 'rewards.train_new_model.labels.type': unknown label type 'pairs': expected best_of_<N> (N >= 2), "
      "scalar_rating or scalar_compare"),
+    # A starting model that is none of the kinds accepted: one line before any download, listing them.
+    ('train_policy', ['--task.policy.initial_model', 'gpt 2'],
+     "hyperparameter 'task.policy.initial_model': model 'gpt 2' is none of: 124M, 355M, 774M, 1558M (OpenAI's "
+     "GPT-2, downloaded), test, a model dir (ours, or an original TF one, or its https URL), a Hugging Face GPT-2 "
+     "folder or hub name (e.g. gpt2, openai-community/gpt2)"),
+    ('train_policy', ['--task.policy.initial_model', '/no/such/model'],
+     "hyperparameter 'task.policy.initial_model': model directory /no/such/model does not exist"),
     # The reward model trained first must learn on the policy's task: a real mismatch is one line (it once ran
     # the launch, then stopped with two 300-character reprs).
     ('train_policy', ['--rewards.train_new_model.task.policy.temperature', '0.5'],

@@ -156,7 +156,7 @@ QUERIES = {'test': ['the.river.is.a.', 'by.the.bridge.', 'every.eve.'],
            'main': ['The river is a', 'By the bridge, he said:\n\n', 'Every eve']}
 
 
-@pytest.mark.parametrize('encoding_name', ['test', 'main'])
+@pytest.mark.parametrize('encoding_name', ['test', pytest.param('main', marks=pytest.mark.slow)])
 def test_auto_tokenizer_and_generate_reproduce_our_samples(encoding_name, tmp_path, request):
     """AutoTokenizer + GPT2LMHeadModel.generate on the export give our policy's sample texts (greedy: our
     sampler at temperature 0), prompts of different lengths padded in one batch as the printed usage does."""

@@ -81,3 +81,16 @@ def test_the_converter_script_says_it_in_one_line(tmp_path):
                           text=True, timeout=120)
     assert proc.returncode == 1 and proc.stderr.count('\n') == 1, proc.stderr
     assert proc.stderr.startswith('error: converting the TensorFlow checkpoint') and "'.[tf]'" in proc.stderr
+
+
+def test_wandb_without_its_extra_is_one_line_at_launch(tmp_path, monkeypatch, capsys):
+    sys.path.insert(0, str(REPO_ROOT))
+    import launch as top_launch
+    from lm_human_preferences.utils import launch
+    monkeypatch.setitem(sys.modules, 'wandb', None)
+    with pytest.raises(SystemExit) as e:
+        launch.main(dict(train_reward=top_launch.launch_train_reward),
+                    argv=['train_reward', 'test', 'x', '--run.wandb', 'true', '--save_dir', str(tmp_path)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("error: x: run.wandb needs wandb, which is not installed: pip install "
+                                       "'lm-human-preferences-torch[wandb]' (in a checkout: pip install -e '.[wandb]')\n")

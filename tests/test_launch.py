@@ -227,7 +227,8 @@ def test_dry_run_every_experiment(command, tmp_path):
     for exp, p in procs.items():
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, f'{command} {exp}:\n{err}'
-        assert f'\nsave dirs, and what the trainer derives from them:\n  run.save_dir: {tmp_path / "x"}\n' in out
+        assert '\nsave dirs, and what the trainer derives from them:\n' in out
+        assert f'\n  run.save_dir: {tmp_path / "x"}\n' in out
         assert f"\n  run.save_dir: '{tmp_path / 'x'}'  # --save_dir/NAME\n" in out
         if command == 'train_policy':  # the reward model is trained first, into the same save dir
             assert f"\n  rewards.trained_model: '{tmp_path / 'x' / 'reward_model'}'  # derived\n" in out

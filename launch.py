@@ -357,7 +357,8 @@ COMMON_HPARAMS = dict(
         'ppo.total_episodes': 'episodes to train on',
         'ppo.batch_size': 'episodes per PPO batch, over all ranks',
         'ppo.lr': 'learning rate (decayed linearly to 0)',
-        'task.policy.initial_model': "'124M' (GPT-2, downloaded), a model dir, a Hugging Face GPT-2 (folder or hub name), 'test'",
+        'task.policy.initial_model': "'124M' (GPT-2, downloaded), a model dir, a Hugging Face GPT-2 "
+                                     "(folder or hub name), 'test'",
         'task.query_dataset': "books, cnndm, tldr, test, or local:<dir of .txt files>",
         **RUN_HPARAMS},
     train_reward={
@@ -366,7 +367,8 @@ COMMON_HPARAMS = dict(
         'batch_size': 'labels per minibatch, over all ranks',
         'lr': 'learning rate (decayed linearly to 0)',
         'normalize_before': 'true/false', 'normalize_after': 'true/false',
-        'task.policy.initial_model': "'124M' (GPT-2, downloaded), a model dir, a Hugging Face GPT-2 (folder or hub name), 'test'",
+        'task.policy.initial_model': "'124M' (GPT-2, downloaded), a model dir, a Hugging Face GPT-2 "
+                                     "(folder or hub name), 'test'",
         **RUN_HPARAMS})
 
 

@@ -74,13 +74,22 @@ def _block_outputs(lm):
     return outputs
 
 
-def test_forward_equals_transformers_to_1e_5(gpt2_folder):
-    hf, folder = gpt2_folder
+@pytest.fixture
+def test_encoding_folder(tmp_path):
+    """A GPT2LMHeadModel folder written by transformers (random weights) with our `test` characters' tokenizer."""
+    hf = _hf_folder(tmp_path / 'test-random', n_vocab=27)
+    (tmp_path / 'test-random' / 'tokenizer.json').write_text(_test_tokenizer())
+    return hf, tmp_path / 'test-random'
+
+
+@pytest.mark.parametrize('folder, encoding', [('gpt2_folder', encodings.Main), ('test_encoding_folder', encodings.Test)])
+def test_forward_equals_transformers_to_1e_5(folder, encoding, request):
+    hf, folder = request.getfixturevalue(folder)
     m, lm = _ours(folder)
-    assert m.encoding is encodings.Main  # the folder's tokenizer is GPT-2's BPE
+    assert m.encoding is encoding  # decided by the folder's tokenizer
     hp = m.hparams()
-    assert (hp.n_vocab, hp.n_ctx, hp.n_embd, hp.n_layer, hp.n_head) == (50257, 32, 48, 3, 4)
-    tokens = torch.randint(0, 50257, (3, 32), generator=torch.Generator().manual_seed(1))  # no padding, full n_ctx
+    assert (hp.n_vocab, hp.n_ctx, hp.n_embd, hp.n_layer, hp.n_head) == (encoding.n_vocab, 32, 48, 3, 4)
+    tokens = torch.randint(0, encoding.n_vocab, (3, 32), generator=torch.Generator().manual_seed(1))  # no padding
     blocks = _block_outputs(lm)
     with torch.no_grad():
         ours = lm(tokens)

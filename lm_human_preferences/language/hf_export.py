@@ -56,7 +56,8 @@ _HEAD = re.compile(r'heads\.(\w+)\.([wb])')
 
 
 def hf_name(ours):
-    """GPT2LMHeadModel's name for our parameter (without `model.`), or None: 'h.0.ln_1.g' -> 'transformer.h.0.ln_1.weight'."""
+    """GPT2LMHeadModel's name for our parameter (without `model.`), or None:
+    'h.0.ln_1.g' -> 'transformer.h.0.ln_1.weight'."""
     for path, our_param, hf_param in _PARAMETERS:
         m = re.fullmatch(f'({path})' + (re.escape('.' + our_param) if our_param else ''), ours)
         if m:

@@ -358,7 +358,8 @@ def download_hub_snapshot(repo_id, *, allow_patterns, cache_dir, note=''):
         except errors.RepositoryNotFoundError:
             error = f'{what}: the hub has no such model (or it is private: hf auth login)'
         except errors.LocalEntryNotFoundError:  # offline, and not cached
-            error = f'{what}: the hub cannot be reached (no internet?) and it is not in the cache {cache_dir}; {OFFLINE_HINT}'
+            error = (f'{what}: the hub cannot be reached (no internet?) and it is not in the cache {cache_dir}; '
+                     f'{OFFLINE_HINT}')
         except errors.HfHubHTTPError as e:
             error = f'{what}: {str(e).splitlines()[0]}'
         except OSError as e:  # the cache cannot be written (read-only, full disk)

@@ -102,8 +102,9 @@ def reuse_freed_memory():
     return bool(mallopt(M_MMAP_THRESHOLD, 1 << 30)) and bool(mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
 
 
-# Errors of bad inputs (a file, a value, a download, a missing extra), reported in one line by main. A worker that fails
-# writes a report (the line, or a bug's traceback) for the launcher, which reports the first one.
+# Errors of bad inputs (a file, a value, a download, a missing extra), reported in one line by main. A
+# worker that fails writes a report (the line, or a bug's traceback) for the launcher, which reports the
+# first one.
 INPUT_ERRORS = (gcs.DownloadError, OSError, ValueError, FloatingPointError, extras.MissingExtra)
 _ERROR_EXIT = 3  # a worker's exit code after it wrote its error report
 _INTERRUPTED_EXIT = 130  # after Ctrl-C

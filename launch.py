@@ -318,7 +318,7 @@ def launch_train_policy(exp, name, dry_run=False, mpi=None, procs=None, save_dir
     launch.launch_trials(
         name, fn=fn, trials=trials, mpi=_default_mpi(exp) if mpi is None else mpi, procs=procs, save_dir=save_dir,
         hparam_class=train_policy.HParams, extra_hparams=extra_hparams, dry_run=dry_run,
-        hparams_for_ranks=train_policy.check_ranks)
+        hparams_for_ranks=train_policy.check_ranks, derive=train_policy.chain_reward_model)
 
 
 def launch_train_reward(exp, name, dry_run=False, mpi=None, procs=None, save_dir=os.path.join(tempfile.gettempdir(), 'save', 'train_reward'), **extra_hparams):
@@ -357,7 +357,8 @@ COMMON_HPARAMS = dict(
         'ppo.total_episodes': 'episodes to train on',
         'ppo.batch_size': 'episodes per PPO batch, over all ranks',
         'ppo.lr': 'learning rate (decayed linearly to 0)',
-        'task.policy.initial_model': "'124M' (GPT-2, downloaded), a model dir, 'test'",
+        'task.policy.initial_model': "'124M' (GPT-2, downloaded), a model dir, a Hugging Face GPT-2 "
+                                     "(folder or hub name), 'test'",
         'task.query_dataset': "books, cnndm, tldr, test, or local:<dir of .txt files>",
         **RUN_HPARAMS},
     train_reward={
@@ -366,7 +367,8 @@ COMMON_HPARAMS = dict(
         'batch_size': 'labels per minibatch, over all ranks',
         'lr': 'learning rate (decayed linearly to 0)',
         'normalize_before': 'true/false', 'normalize_after': 'true/false',
-        'task.policy.initial_model': "'124M' (GPT-2, downloaded), a model dir, 'test'",
+        'task.policy.initial_model': "'124M' (GPT-2, downloaded), a model dir, a Hugging Face GPT-2 "
+                                     "(folder or hub name), 'test'",
         **RUN_HPARAMS})
 
 

@@ -131,8 +131,15 @@ def launch_export(save_dir=None, out=None, savescope='policy'):
     model_dir = os.path.join(save_dir, savescope)
     if not os.path.isdir(model_dir):
         raise launch.ConfigError(f'{model_dir} does not exist (no {savescope} was saved in {save_dir})')
-    for path in hf_export.export(model_dir, out, scope=savescope):
+    task = None  # a policy's sampling settings, for the export's generation_config.json
+    hparams_path = os.path.join(save_dir, 'train_policy_hparams.json')
+    if savescope == 'policy' and os.path.isfile(hparams_path):
+        hparams = train_policy.HParams()
+        hparams.override_from_json_file(hparams_path)
+        task = hparams.task
+    for path in hf_export.export(model_dir, out, scope=savescope, task=task):
         print(path)
+    print('\n'.join(hf_export.usage(out)))
 
 
 def launch_plot(save_dir=None, out=None, title=None):

@@ -99,8 +99,22 @@ class HParams(hyperparams.HParams):
     rewards: RewardHParams = field(default_factory=RewardHParams)
     ppo: PpoHParams = field(default_factory=PpoHParams)
 
+    def override_from_dict(self, flat_dict, separator='.'):
+        """Ours: while the reward model is trained here (rewards.train_new_model on), a `task.X` value sets
+        `rewards.train_new_model.task.X` as well, unless the same dict sets that one itself. The experiments
+        bind the task for both phases (launch.py's bind_nested) and train() needs the two equal, so a
+        command-line `--task.X` must set both too (it made the run fail after its launch)."""
+        super().override_from_dict(flat_dict, separator=separator)
+        if self.rewards.train_new_model is not None:
+            reward_task = separator.join(('rewards', 'train_new_model', ''))
+            both = {reward_task + k: v for k, v in flat_dict.items()
+                    if k.startswith('task' + separator) and reward_task + k not in flat_dict}
+            if both:
+                super().override_from_dict(both, separator=separator)
+
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
+        check_reward_task(self, prefix=prefix)
         # Ours: the values a run cannot use, in one line each, at launch.
         ppo, require = self.ppo, hyperparams.require
         for name in ('batch_size', 'nminibatches', 'noptepochs', 'total_episodes'):
@@ -130,6 +144,43 @@ class HParams(hyperparams.HParams):
         if ppo.whiten_rewards and minibatch_size < 8:
             raise ValueError(f"Minibatch size {minibatch_size} (ppo.batch_size / ppo.nminibatches) is "
                              f"insufficient for whitening in PPOTrainer.loss (needs >= 8)")
+
+
+def check_reward_task(hparams: HParams, *, prefix=''):
+    """The reward model trained here (rewards.train_new_model) learns from samples of the policy's task,
+    so its task must be the policy's (the original asserted `hparams.task == ...task` in train, printing
+    both reprs): one line naming the first field that differs."""
+    if hparams.rewards.train_new_model is None:
+        return
+    ours = utils.flatten_dict(hparams.task.to_nested_dict(), sep='.')
+    theirs = utils.flatten_dict(hparams.rewards.train_new_model.task.to_nested_dict(), sep='.')
+    differ = [k for k in ours if ours[k] != theirs[k]]
+    if differ:
+        k = differ[0]
+        also = f' (also differing: {", ".join(differ[1:])})' if len(differ) > 1 else ''
+        raise hyperparams.HParamValueError(
+            f"hyperparameter '{prefix}rewards.train_new_model.task.{k}' is {theirs[k]!r} but '{prefix}task.{k}' is "
+            f"{ours[k]!r}: the reward model is trained on the policy's task, they must be equal (--task.{k} "
+            f"alone sets both){also}")
+
+
+def chain_reward_model(hparams: HParams):
+    """Ours: the values train() derives when it trains the reward model first (rewards.train_new_model):
+    the reward phase saves into the policy's save dir, its model in <save_dir>/reward_model, which the
+    policy then loads; it logs to wandb when the policy does. The launcher sets them too, before the run,
+    so that --dry_run shows them. (The original set the reward run's save dir in train, and
+    rewards.trained_model only after training it.)"""
+    if not hparams.rewards.train_new_model:
+        return
+    save_dir = hparams.run.save_dir
+    if not save_dir:
+        raise ValueError('rewards.train_new_model needs run.save_dir: the reward model is trained into '
+                         '<save_dir>/reward_model and loaded from there')
+    hparams.rewards.train_new_model.run.save_dir = save_dir
+    hparams.rewards.trained_model = os.path.join(save_dir, 'reward_model')
+    if hparams.run.wandb:  # in the policy's project: a group lives in one project
+        hparams.rewards.train_new_model.run.wandb = True
+        hparams.rewards.train_new_model.run.wandb_project = hparams.run.wandb_project
 
 
 def check_ranks(hparams: HParams, num_ranks):
@@ -547,23 +598,10 @@ def make_score_fn(hparams, score_model, microbatch_size=None):
 
 def train(hparams: HParams):
     """Ours: rerun with the same hparams and save dir, it resumes from the last training states there."""
-    save_dir = hparams.run.save_dir
-    if hparams.rewards.train_new_model:
-        if hparams.task != hparams.rewards.train_new_model.task:
-            raise ValueError(f'rewards.train_new_model.task must equal task: '
-                             f'{hparams.rewards.train_new_model.task} != {hparams.task}')
-        # The original then loaded the new reward model from <save_dir>/reward_model (and, under pytest,
-        # swapped in a random 'test' reward model); we always load the one just trained.
-        if not save_dir:
-            raise ValueError('rewards.train_new_model needs run.save_dir: the reward model is trained into '
-                             '<save_dir>/reward_model and loaded from there')
-        hparams.rewards.train_new_model.run.save_dir = save_dir
-        # Ours: set before training it (the original: after), so that the run's hparams file has it; and
-        # the reward phase logs to wandb when the policy does (its own run in the save dir's group).
-        hparams.rewards.trained_model = os.path.join(save_dir, 'reward_model')
-        if hparams.run.wandb:  # in the policy's project: a group lives in one project
-            hparams.rewards.train_new_model.run.wandb = True
-            hparams.rewards.train_new_model.run.wandb_project = hparams.run.wandb_project
+    check_reward_task(hparams)  # at launch already (validate); here for callers of train()
+    # The original then loaded the new reward model from <save_dir>/reward_model (and, under pytest,
+    # swapped in a random 'test' reward model); we always load the one just trained.
+    chain_reward_model(hparams)
 
     # Ours: the save dir (locked; a dir holding another run is refused), its files and stats (utils/run.py).
     with Run(hparams, 'train_policy') as run:

@@ -75,7 +75,8 @@ def test_launch_trials_in_process(tmp_path, capsys):
     launch.launch_trials('exp', partial(_record, str(tmp_path / 'none.jsonl')), trials, ToyHParams, dry_run=True)
     assert not (tmp_path / 'none.jsonl').exists()
     printed = capsys.readouterr().out
-    assert 'exp/batch_size16: ' in printed and 'hparams:\n' in printed and '  lr: 0.001\n' in printed
+    assert 'exp/batch_size16: 1 rank (--mpi 1) in 1 process (--procs 1)' in printed
+    assert '\n  lr: 0.001  # experiment\n' in printed and '\n  batch_size: 16  # experiment\n' in printed
 
 
 def test_launch_trials_config_errors():
@@ -113,7 +114,7 @@ def test_main_parses_options_and_hparams(capsys):
     code, out, err = _main(['cmd', 'toy', 'n', '--batch_size', '16', '--lr=0.5', '--save_dir', '/s'], capsys)
     assert code == 0 and 'RAN 0.5 16 /s/n' in out, err
     code, out, err = _main(['cmd', 'toy', 'n', '--dry_run', '--run.seed', '4'], capsys)
-    assert code == 0 and 'RAN' not in out and '    seed: 4\n' in out
+    assert code == 0 and 'RAN' not in out and '\n  run.seed: 4  # command line\n' in out
     code, out, err = _main(['cmd', 'toy', 'n', '--dry_run=false', '--mpi', '1'], capsys)
     assert code == 0 and 'RAN' in out
 
@@ -226,8 +227,13 @@ def test_dry_run_every_experiment(command, tmp_path):
     for exp, p in procs.items():
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, f'{command} {exp}:\n{err}'
-        assert '\nhparams:\n' in out
-        assert f'save_dir: {tmp_path / "x"}' in out
+        assert '\nsave dirs, and what the trainer derives from them:\n' in out
+        assert f'\n  run.save_dir: {tmp_path / "x"}\n' in out
+        assert f"\n  run.save_dir: '{tmp_path / 'x'}'  # --save_dir/NAME\n" in out
+        if command == 'train_policy':  # the reward model is trained first, into the same save dir
+            assert f"\n  rewards.trained_model: '{tmp_path / 'x' / 'reward_model'}'  # derived\n" in out
+            assert f"\n  rewards.train_new_model.run.save_dir: '{tmp_path / 'x'}'  # derived\n" in out
+        assert max(map(len, out.splitlines())) < 200  # one binding per line (the bindings once made one of 1,494)
     bad = _run_launch_py(command, 'sentiment', 'x', '--dry_run', '--run.sede', '1')
     out, err = bad.communicate(timeout=120)
     assert bad.returncode == 2

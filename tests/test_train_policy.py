@@ -166,7 +166,8 @@ def test_reward_training(tmp_path):
 def test_reward_training_needs_the_same_task_and_a_save_dir(tmp_path):
     hparams = hparams_for_test()
     hparams.override_from_dict({**REWARD_TRAINING, 'rewards.train_new_model.task.query_length': 5})
-    with pytest.raises(ValueError, match='train_new_model.task must equal task'):
+    with pytest.raises(ValueError, match=r"^hyperparameter 'rewards.train_new_model.task.query_length' is 5 but "
+                                         r"'task.query_length' is 2: the reward model is trained on the policy's task"):
         train_policy.train(hparams)
     hparams.rewards.train_new_model.task.query_length = 2
     with pytest.raises(ValueError, match='needs run.save_dir'):

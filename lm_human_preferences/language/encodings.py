@@ -119,11 +119,16 @@ class Encoding:
             return path
         return gcs.download_file_cached(f'{ENCODINGS_URL}/{self.name}/{filename}')
 
+    def bpe_files(self):
+        """Ours: the paths of this BPE encoding's encoder.json and vocab.bpe (GPT-2's vocabulary and merges:
+        the Hugging Face import compares a tokenizer with them, the export writes them)."""
+        return self._file('encoder.json'), self._file('vocab.bpe')
+
     def get_encoder(self):
         if self.name == 'test':
             assert len(TestEncoder.vocab) == self.n_vocab
             return TestEncoder()
-        enc = _tiktoken_main(self._file('encoder.json'), self._file('vocab.bpe'), self.n_vocab, self.eot_token)
+        enc = _tiktoken_main(*self.bpe_files(), self.n_vocab, self.eot_token)
         return MainEncoder(enc, eot_token=self.eot_token)
 
 

@@ -43,7 +43,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 from lm_human_preferences.language import checkpoints
-from lm_human_preferences.utils import checkpointing, core, files, hyperparams, plots, ranks
+from lm_human_preferences.utils import checkpointing, core, extras, files, hyperparams, plots, ranks
 
 SCOPES = dict(train_reward='reward_model', train_policy='policy')
 TB_SUBDIRS = dict(train_reward='reward_model', train_policy='ppo')
@@ -191,7 +191,7 @@ def _wandb_run(hparams, kind):
     train_reward run); a resumed run continues its wandb run (its id is kept in the save dir)."""
     if not hparams.run.wandb or not core.is_root():
         return None
-    import wandb  # optional; checked at launch (utils/launch.py check_wandb)
+    import wandb  # the `wandb` extra; checked at launch (check_wandb)
     save_dir = hparams.run.save_dir
     name = os.path.basename(os.path.normpath(save_dir)) if save_dir else None
     run_id = None
@@ -209,12 +209,10 @@ def _wandb_run(hparams, kind):
 
 
 def check_wandb(name):
-    """Ours, at launch: that wandb can log (WANDB_MODE offline / disabled needs nothing); a one-line
-    ValueError for a missing package, a missing API key or a W&B server that cannot be reached."""
-    try:
-        import wandb  # noqa: F401
-    except ImportError:
-        raise ValueError(f'{name}: run.wandb is on but the wandb package is not installed (pip install wandb)') from None
+    """Ours, at launch: that wandb can log (WANDB_MODE offline / disabled needs nothing); one line for a
+    missing package (extras.MissingExtra), and a ValueError for a missing API key or a W&B server that
+    cannot be reached."""
+    extras.require('wandb', extra='wandb', needed_for=f'{name}: run.wandb')
     if os.environ.get('WANDB_MODE', '').lower() in ('offline', 'disabled', 'dryrun'):
         return
     base_url = os.environ.get('WANDB_BASE_URL', 'https://api.wandb.ai')

@@ -67,10 +67,10 @@ def _ours(name_or_dir):
 
 
 def _block_outputs(lm):
-    """Capture each transformer block's output h (transformers' hidden_states[1:-1])."""
+    """Capture each transformer block's output h, rows of tokens [b*s, e] (transformers' hidden_states[1:-1])."""
     outputs = []
     for block in lm.h:
-        block.register_forward_hook(lambda module, args, out: outputs.append(out[0]))
+        block.register_forward_hook(lambda module, args, out: outputs.append(out))
     return outputs
 
 
@@ -97,7 +97,7 @@ def test_forward_equals_transformers_to_1e_5(folder, encoding, request):
     assert theirs.logits.abs().max() > 5  # large logits: a difference would show
     assert (ours['lm_logits'] - theirs.logits).abs().max().item() <= 1e-5
     for i, h in enumerate(blocks[:-1]):  # hidden_states[i + 1] is block i's output; the last one is after ln_f
-        assert (h - theirs.hidden_states[i + 1]).abs().max().item() <= 1e-5, i
+        assert (h.view_as(theirs.hidden_states[i + 1]) - theirs.hidden_states[i + 1]).abs().max().item() <= 1e-5, i
     assert (ours['h'] - theirs.hidden_states[-1]).abs().max().item() <= 1e-5
 
 

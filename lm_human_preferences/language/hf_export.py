@@ -26,10 +26,9 @@ logits as our Model (to float rounding) on unpadded input; it holds
 Writing needs no transformers: the configs are plain JSON, the weights safetensors, the tokenizer
 `tokenizers`'. Our generate-free sampler never stops early; transformers' generate stops a `main`
 model's sample at <|endoftext|>. Our weight
-layouts are already GPT-2's: a Conv1x1 `w` is [nx, nf] like transformers' Conv1D `weight`. Two
-numerical differences remain, both below 1e-5 on logits of a small model: our layer norm computes the
-variance as E[x^2] - E[x]^2 (the original's formula; torch's LayerNorm subtracts the mean first), and
-the attention kernels differ. Padding differs in kind: our Model takes a padding token (pads sit
+layouts are already GPT-2's: a Conv1x1 `w` is [nx, nf] like transformers' Conv1D `weight`. The
+numbers differ only where the kernels do (attention, matmul blocking): below 1e-5 on logits of a small
+model (tests/test_hf_import.py). Padding differs in kind: our Model takes a padding token (pads sit
 mid-sequence, positions skip them), transformers takes an attention_mask.
 """
 

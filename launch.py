@@ -76,12 +76,18 @@ demo_task = combos(
     bind('policy.initial_model', 'demo'),
 )
 
+# Ours: the paper's experiments run their 8 ranks side by side in each process (utils/ranks.py), so one pass
+# holds 8 ranks' sequences: 'auto' splits the passes to the device's free memory (utils/memory.py).
+PAPER_MICROBATCH_SIZE = 'auto'
+
+
 def get_train_reward_experiments():
     _shared = combos(
         bind('labels.type', 'best_of_4'),
         bind('normalize_after', True),
         bind('normalize_before', True),
         bind('normalize_samples', 256),
+        bind('run.microbatch_size', PAPER_MICROBATCH_SIZE),
     )
 
 
@@ -180,6 +186,7 @@ def get_experiments():
         bind('ppo.lr', 1e-5),
         bind('ppo.total_episodes', 1_000_000),
         bind('ppo.batch_size', 512),
+        bind('run.microbatch_size', PAPER_MICROBATCH_SIZE),
     )
 
     sentiment = combos(
@@ -210,6 +217,7 @@ def get_experiments():
 
     cnndm = combos(
         bind_nested('task', summarize_cnndm_task),
+        bind('run.microbatch_size', PAPER_MICROBATCH_SIZE),
 
         bind('rewards.train_new_model', 'on'),
         bind_nested('rewards.train_new_model', train_reward_experiments['cnndm']),
@@ -230,6 +238,7 @@ def get_experiments():
 
     tldr = combos(
         bind_nested('task', summarize_tldr_task),
+        bind('run.microbatch_size', PAPER_MICROBATCH_SIZE),
 
         bind('rewards.train_new_model', 'on'),
         bind_nested('rewards.train_new_model', train_reward_experiments['tldr']),
@@ -346,6 +355,7 @@ RUN_HPARAMS = {
     'run.log_interval': 'steps between stats tables',
     'run.bf16': 'true/false: bf16 autocast for forward passes (default: on with CUDA)',
     'run.microbatch_size': 'at most this many sequences per model pass, to fit memory (same results)',
+    'run.cuda_graph': 'true/false: decoding steps replayed as a CUDA graph (default: on with CUDA)',
     'run.keep_checkpoints': 'model checkpoints kept',
     'run.wandb': 'true: also log to Weights & Biases',
 }

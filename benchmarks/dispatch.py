@@ -18,7 +18,7 @@ taken on the CPU; the code paths are the ones a CUDA device runs where they diff
 optimizer: --adam foreach), which the script selects. bf16 adds the autocast casts and, in the rollout, the
 old logprobs' forward (--bf16).
 
-    python benchmarks/dispatch.py                          # books and tldr, no split and the 24 GB advice
+    python benchmarks/dispatch.py                          # books and tldr, no split and what 'auto' plans on 24 GB
     python benchmarks/dispatch.py --microbatch none 64     # chosen run.microbatch_size values
     python benchmarks/dispatch.py --json out.json          # {"books": {"ops_per_update": N, "phases": {...}}, ...}
 
@@ -39,7 +39,7 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from common import REPO_ROOT, machine_info, random_trained_model
+from common import GPT2_124M, REPO_ROOT, machine_info, random_trained_model
 
 US_PER_OP = 5.0
 NARROW = dict(n_vocab=1024, n_ctx=1024, n_embd=48, n_head=12, n_layer=12)  # GPT-2 124M's depth and heads
@@ -224,7 +224,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--shapes', nargs='+', default=['books', 'tldr'], choices=['books', 'tldr'])
     p.add_argument('--microbatch', nargs='+', type=parse_microbatch, default=None,
-                   help="run.microbatch_size values ('none': no split); default: none and the README's 24 GB advice")
+                   help="run.microbatch_size values ('none': no split); default: none and what 'auto' (the paper's "
+                        "experiments' default) plans on a 24 GB GPU")
     p.add_argument('--bf16', action='store_true', help='count under bf16 autocast (the CUDA default)')
     p.add_argument('--adam', choices=['foreach', 'default'], default='foreach',
                    help="foreach: AdamTF's multi-tensor path, as on CUDA (default); default: the CPU's path")
@@ -269,15 +270,20 @@ def _warmup():
     return sample._CUDA_GRAPH_WARMUP_STEPS
 
 
-def advised_microbatch_size(shape):
-    """The run.microbatch_size the README advises for a 24 GB GPU at this shape (None: no split), where the
-    code has a memory model (language-independent of this script); None otherwise."""
+def advised_microbatch_size(shape, gib=24):
+    """What `run.microbatch_size auto` (the paper's experiments' default) plans on a GPU of `gib` GB for GPT-2
+    124M at this shape in bf16 (the CUDA default), with half a GB of it taken by the CUDA context (None: no
+    split); None where the code predates the memory model."""
     try:
-        from lm_human_preferences.utils import memory_model
+        from lm_human_preferences.utils import memory
     except ImportError:
         return None
+    from lm_human_preferences import train_policy
+    from lm_human_preferences.language import model
     hp, _ = paper_config(shape)
-    return memory_model.advised_microbatch_size(hp, gib=24)
+    budget = int((gib - 0.5) * 2 ** 30 * memory.USABLE_FRACTION)
+    return memory.plan(train_policy.memory_passes(hp), model.HParams(**GPT2_124M), resident=3, trained=1, bf16=True,
+                       budget=budget).microbatch_size
 
 
 if __name__ == '__main__':

@@ -29,7 +29,7 @@ from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import TrainedRewardModel
 from lm_human_preferences.utils import checkpointing
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import hyperparams
+from lm_human_preferences.utils import hyperparams, memory, ranks
 from lm_human_preferences.utils.run import Progress, Run
 
 
@@ -392,11 +392,9 @@ class PPOTrainer:
         hparams = self.hparams
         microbatch_size = self.microbatch_size
 
-        # Ours: each rank's queries and random draws, in its section, from its own query shard and streams.
-        def rank_inputs():
-            queries = self.sample_queries()
-            return queries, sample.draw_uniforms(len(queries), hparams.task.response_length, device=self.device)
-        queries, uniforms = (torch.cat(t) for t in zip(*utils.for_each_rank(rank_inputs)))
+        # Ours: each rank's queries and sampling draws, from its own query shard and streams.
+        queries, uniforms = utils.side_by_side(lambda: sample.queries_and_draws(
+            self.sample_queries(), hparams.task.response_length))
 
         with torch.no_grad(), utils.autocast(self.bf16):
             rollouts = self.policy.respond(queries, length=hparams.task.response_length, uniforms=uniforms,
@@ -596,6 +594,15 @@ def make_score_fn(hparams, score_model, microbatch_size=None):
     return score_fn
 
 
+def memory_passes(hparams: HParams):
+    """Ours: the model passes of this process, for utils/memory.py: sampling, the forwards that score and take
+    logprobs, and the PPO loss; the ranks side by side, the batch shared by the processes."""
+    rollout = utils.ceil_div(hparams.ppo.batch_size, ranks.num_processes())
+    tokens, responses = hparams.task.query_length + hparams.task.response_length, hparams.task.response_length
+    return [memory.Pass('sample', rollout, tokens, 1), memory.Pass('forward', rollout, tokens, responses),
+            memory.Pass('train', utils.ceil_div(rollout, hparams.ppo.nminibatches), tokens, responses)]
+
+
 def train(hparams: HParams):
     """Ours: rerun with the same hparams and save dir, it resumes from the last training states there."""
     check_reward_task(hparams)  # at launch already (validate); here for callers of train()
@@ -615,6 +622,10 @@ def train(hparams: HParams):
         utils.set_mpi_seed(hparams.run.seed)
 
         device = utils.get_device()
+        # Ours: run.microbatch_size 'auto' becomes a number, planned for this device's free memory (the
+        # run's hparams file keeps 'auto': a rerun plans again).
+        hparams.run.microbatch_size = memory.resolve(hparams.run, memory_passes(hparams), m.hparams(), resident=3,
+                                                     trained=1, device=device, what='train_policy')
         score_model = TrainedRewardModel(hparams.rewards.trained_model, m.encoding,
                                          allow_untrained_head=hparams.rewards.allow_untrained_head).to(device)
 

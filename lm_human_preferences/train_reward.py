@@ -10,7 +10,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal, Optional, Union
 
 import numpy as np
 import torch
@@ -20,7 +20,7 @@ from lm_human_preferences.language import sample, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import checkpointing
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import gcs, hyperparams
+from lm_human_preferences.utils import gcs, hyperparams, memory, ranks
 from lm_human_preferences.utils.run import Progress, Run
 
 
@@ -47,9 +47,10 @@ class RunHParams(hyperparams.HParams):
     # keep the last 3.
     keep_checkpoints: int = 20
     # Ours: at most this many sequences in any forward or backward pass of a model (sampling, logprobs,
-    # scoring, the PPO and reward-model losses, evaluation), to fit memory; None: no split. Results are
-    # the same up to fp32 rounding (the sampled tokens too): only memory and speed change.
-    microbatch_size: Optional[int] = None
+    # scoring, the PPO and reward-model losses, evaluation), to fit memory; None: no split; 'auto': the
+    # largest that fits the device's free memory (utils/memory.py). Results are the same up to fp32
+    # rounding (the sampled tokens too): only memory and speed change.
+    microbatch_size: Optional[Union[int, Literal['auto']]] = None
     # Ours: on CUDA, capture one decoding step as a CUDA graph and replay it for every later token
     # (language/sample.py), one launch per token instead of hundreds. None = on with CUDA.
     cuda_graph: Optional[bool] = None
@@ -58,8 +59,9 @@ class RunHParams(hyperparams.HParams):
         super().validate(prefix=prefix)
         for name in ('save_interval', 'log_interval', 'keep_checkpoints'):
             hyperparams.require(getattr(self, name) > 0, prefix + name, getattr(self, name), 'it must be at least 1')
-        hyperparams.require(self.microbatch_size is None or self.microbatch_size > 0, prefix + 'microbatch_size',
-                            self.microbatch_size, 'it must be at least 1 (or unset: no split)')
+        hyperparams.require(self.microbatch_size in (None, 'auto') or self.microbatch_size > 0, prefix + 'microbatch_size',
+                            self.microbatch_size, "it must be at least 1 ('auto': the largest that fits the free "
+                                                  "memory; unset: no split)")
 
     def use_bf16(self):
         """Whether bf16 autocast is on: run.bf16, or (None) whether CUDA is available."""
@@ -112,7 +114,7 @@ class HParams(hyperparams.HParams):
         require(self.labels.num_train % self.batch_size == 0, prefix + 'labels.num_train', self.labels.num_train,
                 f'it must be a multiple of {prefix}batch_size {self.batch_size} (one epoch of whole minibatches)')
         microbatch_size = self.run.microbatch_size
-        if microbatch_size is not None:
+        if microbatch_size not in (None, 'auto'):
             # The label type's loss compares a label's samples in one pass: they share a microbatch.
             per_label = len(label_types.get(self.labels.type).question_schemas(query_length=1, response_length=1)) - 1
             if microbatch_size < per_label:
@@ -395,11 +397,7 @@ class RewardModelTrainer():
         """One batch of samples of every rank this process carries, side by side: each rank's queries and
         random draws come from its own query shard and streams (in its section)."""
         length = self.hparams.task.response_length
-
-        def rank_inputs():
-            queries = self.query_sampler()['tokens']
-            return queries, sample.draw_uniforms(len(queries), length, device=queries.device)
-        queries, uniforms = (torch.cat(t) for t in zip(*utils.for_each_rank(rank_inputs)))
+        queries, uniforms = utils.side_by_side(lambda: sample.queries_and_draws(self.query_sampler()['tokens'], length))
         with utils.autocast(self.bf16):
             responses = self.policy.respond(queries=queries, length=length, uniforms=uniforms,
                                             microbatch_size=self.microbatch_size, cuda_graph=self.cuda_graph)['responses']
@@ -569,6 +567,21 @@ class RewardModelTrainer():
         return True
 
 
+def memory_passes(hparams: HParams):
+    """Ours: the model passes of this process, for utils/memory.py: the loss (one pass per sample of each of
+    its labels, kept until the backward pass), the held-out evaluation, and the normalization's sampling and
+    scoring; the ranks side by side, the batches shared by the processes."""
+    processes = ranks.num_processes()
+    samples = len(label_types.get(hparams.labels.type).question_schemas(query_length=1, response_length=1)) - 1
+    tokens = hparams.task.query_length + hparams.task.response_length
+    labels = utils.ceil_div(hparams.batch_size, processes)
+    passes = [memory.Pass('train', samples * labels, tokens, 0), memory.Pass('forward', samples * labels, tokens, 0)]
+    if hparams.normalize_before or hparams.normalize_after:
+        rollout = utils.ceil_div(hparams.rollout_batch_size, processes)
+        passes += [memory.Pass('sample', rollout, tokens, 1), memory.Pass('forward', rollout, tokens, 0)]
+    return passes
+
+
 def train(hparams: HParams):
     """Train a reward model; returns RewardModelTrainer.train()'s results (ours; the original: None).
     Ours: rerun with the same hparams and save dir, it resumes from the last training state there."""
@@ -579,11 +592,17 @@ def train(hparams: HParams):
         m = trained_models.TrainedModel(hparams.task.policy.initial_model)
         encoder = m.encoding.get_encoder()
         device = utils.get_device()
+        normalizing = hparams.normalize_before or hparams.normalize_after
+        # Ours: run.microbatch_size 'auto' becomes a number, planned for this device's free memory (the
+        # run's hparams file keeps 'auto': a rerun plans again).
+        hparams.run.microbatch_size = memory.resolve(
+            hparams.run, memory_passes(hparams), m.hparams(), resident=1 + normalizing, trained=1, device=device,
+            what='train_reward')
 
         # The frozen initial policy and the query stream only serve the normalizations; the original built
         # them always (TF built graphs lazily, so its query dataset was never read without normalization).
         ref_policy = query_sampler = None
-        if hparams.normalize_before or hparams.normalize_after:
+        if normalizing:
             ref_policy = Policy(
                 m, scope='ref_policy',
                 embed_queries=lm_tasks.query_formatter(hparams.task, encoder),

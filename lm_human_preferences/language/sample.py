@@ -15,6 +15,12 @@ def draw_uniforms(batch_size, length, *, generator=None, device=None):
     return torch.rand(length, batch_size, dtype=torch.float64, device=device, generator=generator).t()
 
 
+def queries_and_draws(queries, length):
+    """(queries, their draw_uniforms for `length` tokens, drawn from the global stream): what a rank samples
+    from, made in its section (core.side_by_side)."""
+    return queries, draw_uniforms(len(queries), length, device=queries.device)
+
+
 @torch.no_grad()
 def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_k=0, top_p=1.0,
                     extra_outputs=(), generator=None, uniforms=None, cuda_graph=False):

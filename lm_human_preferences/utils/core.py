@@ -307,6 +307,13 @@ def for_each_rank(fn):
     return ranks.for_each_rank(fn)
 
 
+def side_by_side(fn):
+    """Ours: fn() in each rank's section (its get_rank(), its random streams), the tensors it returns
+    concatenated rank after rank: a batch of the ranks this process carries side by side, each rank's rows
+    drawn from its own streams (utils/ranks.py). A tuple of tensors, as fn returns."""
+    return tuple(torch.cat(pieces) for pieces in zip(*for_each_rank(fn)))
+
+
 def get_local_rank():
     """This process's index on its machine (set by launch.py / torchrun); the original derived it from
     MPI host names."""

@@ -55,16 +55,9 @@ def test_a_set_size_passes_through_and_auto_is_planned(capsys, monkeypatch):
 
 
 @pytest.mark.slow
-def test_train_policy_with_auto_splits_its_passes_to_the_plan(monkeypatch, capsys):
+def test_train_policy_with_auto_splits_its_passes_to_the_plan(monkeypatch, capsys, forward_rows):
     """`train_policy test` with run.microbatch_size auto and little memory: every pass of the run holds at most the
-    planned number of sequences, and the run ends as with that number set."""
-    rows = []
-    forward = model.Model.forward
-
-    def counting(self, X, *args, **kwargs):
-        rows.append(X.shape[0])
-        return forward(self, X, *args, **kwargs)
-    monkeypatch.setattr(model.Model, 'forward', counting)
+    planned number of sequences."""
     # the test model's 0.4 MB a sequence in the loss: 3 sequences in 1.3 MB beyond its models and optimizer
     hp = train_policy.HParams()
     hp.override_from_dict({'task.policy.initial_model': 'test', 'task.query_dataset': 'test', 'task.query_length': 2,
@@ -78,4 +71,4 @@ def test_train_policy_with_auto_splits_its_passes_to_the_plan(monkeypatch, capsy
     monkeypatch.setattr(memory, 'free_bytes', lambda device: (fixed + 3.5 * per_sequence) / memory.USABLE_FRACTION)
     train_policy.train(hp)
     assert 'run.microbatch_size auto = 3 sequences a pass' in capsys.readouterr().out
-    assert hp.run.microbatch_size == 3 and max(rows) == 3
+    assert hp.run.microbatch_size == 3 and max(forward_rows) == 3

@@ -225,20 +225,6 @@ def test_demo_model_same_for_any_number_of_processes(tmp_path):
 # to fp32 rounding: the weights within 1e-6 after the `test` experiments (learning rates as they are),
 # the Adam moments and stats within 1e-5 relative. The sampled tokens are identical: tests/test_model.py.
 
-@pytest.fixture
-def forward_rows(monkeypatch):
-    """The number of sequences of every model pass (GPT-2 forward: sampling steps, logprobs, scores,
-    losses) run in this process, in order."""
-    rows = []
-    forward = model.Model.forward
-
-    def counting(self, X, *args, **kwargs):
-        rows.append(X.shape[0])
-        return forward(self, X, *args, **kwargs)
-    monkeypatch.setattr(model.Model, 'forward', counting)
-    return rows
-
-
 def test_train_reward_microbatches(tmp_path, forward_rows):
     labels = labels_file(tmp_path / 'labels.json', 40)
     args = dict(**{'labels.source': labels, 'labels.num_train': 32, 'batch_size': 16, 'rollout_batch_size': 16,

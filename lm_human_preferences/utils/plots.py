@@ -5,7 +5,9 @@ The trainers append one JSON line per logged step to <save_dir>/train_reward_sta
 which writes train_reward_curves.png / train_policy_curves.png beside them. The command line is
 `python sample.py plot --save_dir SAVE_DIR [--out F.png]`.
 
-A metric missing from the stats (an older run, a fixed KL coefficient) only drops its panel.
+A noisy metric is drawn as logged ("raw" in the legend) and as its EMA; a value a controller set (the
+adaptive KL coefficient) as logged only. A metric missing from the stats (an older run, a fixed KL
+coefficient) only drops its panel. The panels fill their rows: no slot of a figure stays empty.
 """
 
 import json
@@ -194,9 +196,8 @@ def figure(panels, *, title):
 
 
 def _draw(panels, out, *, title):
-    import matplotlib.pyplot as plt
-
     fig = figure(panels, title=title)
+    import matplotlib.pyplot as plt  # after figure() chose the headless backend
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     fig.savefig(out, dpi=100)
     plt.close(fig)

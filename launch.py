@@ -171,6 +171,7 @@ def get_train_reward_experiments():
         bind('normalize_before', True),
         bind('normalize_after', True),
         bind('normalize_samples', 256),
+        bind('eval_train_labels', True),  # the report and figure show its accuracy on its training labels too
         bind('run.seed', 1),
     )
 
@@ -305,10 +306,11 @@ def _check_name(name):
 # The paper's experiments ran as 8 MPI ranks (the original's default mpi=8), and their numbers depend on
 # it (per-rank batches, whitening, seeds); ours (test, demo) are sized for one rank.
 PAPER_RANKS = 8
+ONE_RANK_EXPERIMENTS = ('test', 'demo')
 
 
 def _default_mpi(exp):
-    return 1 if exp in ('test', 'demo') else PAPER_RANKS
+    return 1 if exp in ONE_RANK_EXPERIMENTS else PAPER_RANKS
 
 
 def launch_train_policy(exp, name, dry_run=False, mpi=None, procs=None, save_dir=os.path.join(tempfile.gettempdir(), 'save', 'train_policy'), **extra_hparams):
@@ -400,6 +402,9 @@ def _help_sections(command, experiments):
 
 launch_train_policy.help_sections = _help_sections('train_policy', get_experiments)
 launch_train_reward.help_sections = _help_sections('train_reward', get_train_reward_experiments)
+launch_train_policy.option_help = launch_train_reward.option_help = dict(
+    mpi=f"the experiment's: 1 for {' and '.join(ONE_RANK_EXPERIMENTS)}, {PAPER_RANKS} for the paper's",
+    procs=launch.PROCS_HELP)
 
 
 if __name__ == '__main__':

@@ -143,7 +143,9 @@ class HParams(hyperparams.HParams):
         minibatch_size = ppo.batch_size // ppo.nminibatches
         if ppo.whiten_rewards and minibatch_size < 8:
             raise ValueError(f"Minibatch size {minibatch_size} (ppo.batch_size / ppo.nminibatches) is "
-                             f"insufficient for whitening in PPOTrainer.loss (needs >= 8)")
+                             f"insufficient for whitening in PPOTrainer.loss (needs >= 8): use "
+                             f"--{prefix}ppo.batch_size {8 * ppo.nminibatches} or more, fewer "
+                             f"--{prefix}ppo.nminibatches, or --{prefix}ppo.whiten_rewards false")
 
 
 def check_reward_task(hparams: HParams, *, prefix=''):
@@ -192,8 +194,14 @@ def check_ranks(hparams: HParams, num_ranks):
                                                  of=f' of each of the ppo.nminibatches {ppo.nminibatches} minibatches'))
     per_rank_minibatch_size = ppo.batch_size // (num_ranks * ppo.nminibatches)
     if ppo.whiten_rewards and per_rank_minibatch_size < 8:
+        # Ours: the fixes (the ranks that fit this batch size: those that split it into minibatches of 8+).
+        fitting_ranks = [r for r in range(1, num_ranks) if ppo.batch_size % (r * ppo.nminibatches) == 0
+                         and ppo.batch_size // (r * ppo.nminibatches) >= 8]
         raise ValueError(f"Per-rank minibatch size {per_rank_minibatch_size} is insufficient for whitening "
-                         f"(ppo.batch_size / (ppo.nminibatches * --mpi {num_ranks} ranks) must be >= 8)")
+                         f"(ppo.batch_size / (ppo.nminibatches * --mpi {num_ranks} ranks) must be >= 8): use "
+                         f"--ppo.batch_size {8 * ppo.nminibatches * num_ranks} or more"
+                         + (f", --mpi {fitting_ranks[-1]}" if fitting_ranks else '')
+                         + ", or --ppo.whiten_rewards false")
     if hparams.rewards.train_new_model:
         train_reward.check_ranks(hparams.rewards.train_new_model, num_ranks, prefix='rewards.train_new_model.')
 
@@ -378,7 +386,7 @@ class PPOTrainer:
             self.progress = Progress(nupdates(hparams), start=self.global_step, started=step_started_at)
         self.progress.done = self.global_step + 1
         if utils.is_root():
-            # Ours: of how many, and the ETA.
+            # Ours: how many of how many are done (a count: step 0 done is 1 done), and the ETA.
             print(f"[ppo_step {self.global_step}] step_time={step_time:.2f}s, "
                   f"eps/s={eps_per_second:.2f} ({self.progress()})")
         return stats

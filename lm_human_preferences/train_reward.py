@@ -137,6 +137,11 @@ def splits_over(num_ranks, parts=1, of=''):
             f'(or another --mpi)')
 
 
+def _mean_std(mean, std):
+    """'mean +- std' as the original's normalization lines, to 4 significant digits (ours: it printed 17)."""
+    return f'{mean:.4g} +- {std:.4g}'
+
+
 def _numpy_dtype(torch_dtype):
     return torch.empty((), dtype=torch_dtype).numpy().dtype
 
@@ -378,15 +383,16 @@ class RewardModelTrainer():
         if not utils.is_root():
             return
         means, stds = stats
-        print(f'after normalize: {means} +- {stds}')
+        print(f'after normalize: {_mean_std(means, stds)} (measured on new samples: debug_normalize '
+              f'{self.hparams.debug_normalize})')
 
     def reset_reward_scales(self):
         self.reward_model.reset_reward_scale()
 
     def set_reward_norms(self, mean, std, new_mean, new_std):
         if utils.is_root():
-            print(f'targets: {new_mean} +- {new_std}')
-            print(f'before normalize: {mean} +- {std}')
+            print(f'targets: {_mean_std(new_mean, new_std)}')
+            print(f'before normalize: {_mean_std(mean, std)}')
         # The original asserted np.isfinite; this error names the statistic.
         utils.check_finite(self.global_step, reward_mean=mean, reward_std=std,
                            target_mean=new_mean, target_std=new_std)
@@ -434,6 +440,10 @@ class RewardModelTrainer():
             stats = self.stats(query_responses)
             self.log_stats_after_normalize(stats)
             result['after'] = stats
+        elif utils.is_root():
+            # Ours: the original printed this line only with debug_normalize; without it, say what is known.
+            print(f'after normalize: {_mean_std(target_means, target_stds)} on those samples, by construction '
+                  f'(not measured: debug_normalize N measures it on N new samples)')
         return result
 
     @torch.no_grad()

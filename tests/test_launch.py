@@ -4,6 +4,7 @@ The 2-process tests also cover the multi-process side of utils/core.py's distrib
 utils/gcs.py's rank-0-downloads rule.
 """
 import atexit
+import inspect
 import json
 import os
 import subprocess
@@ -174,6 +175,26 @@ def test_help_on_every_command_and_sub_command(capsys, monkeypatch):
                 assert f'\n  {exp} ' in out
             assert '--mpi 8: books queries (64+24 tokens), model 124M' in out
             assert 'most used hparams' in out and '--run.microbatch_size' in out and '--ppo.lr' in out
+
+
+def test_help_says_what_an_unset_option_means(capsys, monkeypatch):
+    """An option whose default is None says what happens when it is left out, or that it is required
+    (in the usage line too: no brackets); none says '(set by the command)'."""
+    import sample as top_sample
+    trainers = dict(train_policy=top_launch.launch_train_policy, train_reward=top_launch.launch_train_reward)
+    for commands, program in ((trainers, 'launch.py'), (top_sample.COMMANDS, 'sample.py')):
+        monkeypatch.setattr(sys, 'argv', [program])
+        for name, command in commands.items():
+            unset = [p.name for p in inspect.signature(command).parameters.values() if p.default is None]
+            assert sorted(command.option_help) == sorted(unset), name  # each one described, no other
+    out = {name: _main_exit(commands, [name, '--help'], capsys)[1] for commands in (trainers, top_sample.COMMANDS)
+           for name in commands}
+    assert not any('set by the command' in text for text in out.values())
+    assert out['sample'].startswith('usage: sample.py sample --save_dir SAVE_DIR [--savescope SAVESCOPE] ')
+    assert '\n  --save_dir (required)\n' in out['sample'] and '\n  --seed (random)\n' in out['sample']
+    assert out['export'].startswith('usage: sample.py export --save_dir SAVE_DIR --out OUT [--savescope SAVESCOPE]')
+    assert "\n  --mpi (the experiment's: 1 for test and demo, 8 for the paper's)\n" in out['train_policy']
+    assert '\n  --procs (one per GPU, at most --mpi and a divisor of it; 1 on a CPU;' in out['train_reward']
 
 
 # ---- the real experiments ----

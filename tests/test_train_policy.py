@@ -187,9 +187,14 @@ def test_rewards_validate_exactly_one_model():
 def test_validate_minibatch_size_for_whitening():
     hparams = hparams_for_test()
     hparams.ppo.nminibatches = 2  # minibatches of 4 < 8
-    with pytest.raises(ValueError, match='insufficient for whitening'):
+    with pytest.raises(ValueError, match='insufficient for whitening .*: use --ppo.batch_size 16 or more, fewer '
+                                         '--ppo.nminibatches, or --ppo.whiten_rewards false$'):
         hparams.validate()
-    hparams.ppo.whiten_rewards = False
+    hparams.ppo.batch_size = 16  # each suggested fix works
+    hparams.validate()
+    hparams.ppo.batch_size, hparams.ppo.nminibatches = 8, 1
+    hparams.validate()
+    hparams.ppo.nminibatches, hparams.ppo.whiten_rewards = 2, False
     hparams.validate()
 
 

@@ -251,6 +251,20 @@ def test_normalize_resets_then_hits_the_target_exactly_on_its_samples():
     assert result['after'] == (pytest.approx(0.5, abs=1e-5), pytest.approx(2.0, abs=1e-5))
 
 
+@pytest.mark.parametrize('debug_normalize', [0, 6])
+def test_normalize_lines(debug_normalize, capsys):
+    """The original's three lines, to 4 significant digits (it printed 17); without debug_normalize, the
+    'after normalize' line (the original printed none) says it is the target by construction, not measured."""
+    trainer = _trainer(StubRewardModel(), normalize_samples=6, debug_normalize=debug_normalize)
+    samples = _batches([1, 2, 3], [4, 5, 6])  # mean 3.5, std sqrt(35 / 12) = 1.7078251...
+    capsys.readouterr()
+    trainer.normalize(lambda n: [samples], 0.5, 2.0)
+    after = ('after normalize: 0.5 +- 2 (measured on new samples: debug_normalize 6)' if debug_normalize else
+             'after normalize: 0.5 +- 2 on those samples, by construction (not measured: debug_normalize N '
+             'measures it on N new samples)')
+    assert capsys.readouterr().out.splitlines() == ['targets: 0.5 +- 2', 'before normalize: 3.5 +- 1.708', after]
+
+
 # ---- label files ----
 
 def _run_expecting_error(tmp_path, source, num_train=16):

@@ -104,7 +104,7 @@ CASES = [
      "ppo.nminibatches 1 minibatches: choose a multiple of 3 (or another --mpi)"),
     ('train_policy', ['--mpi', '8'],
      'Per-rank minibatch size 4 is insufficient for whitening (ppo.batch_size / (ppo.nminibatches * --mpi 8 ranks) '
-     'must be >= 8)'),
+     'must be >= 8): use --ppo.batch_size 64 or more, --mpi 4, or --ppo.whiten_rewards false'),
     ('train_policy', ['--mpi', '-1'], '--mpi -1: the number of ranks must be at least 1'),
     ('train_policy', ['--mpi', '8', '--procs', '3'],
      '--procs 3 must divide --mpi 8 (each process carries the same number of ranks): choose --procs from [1, 2, 4, 8]'),
@@ -166,6 +166,8 @@ def test_bad_hparams_are_one_line_at_launch(command, argv, message, save_dir_wit
     ['--ppo.gamma', '1', '--ppo.lam', '0', '--ppo.cliprange', '1e-3', '--ppo.cliprange_value', '100'],
     [*ADAPTIVE_KL, '--rewards.kl_coef', '1e-3', '--rewards.adaptive_kl.horizon', '7'],  # 7 > 32 / 5
     ['--task.query_length', '5'],  # 5 + 3 = 8 = n_ctx
+    # Each fix the whitening error for --mpi 8 suggests (above) runs.
+    ['--mpi', '8', '--ppo.batch_size', '64'], ['--mpi', '4'], ['--mpi', '8', '--ppo.whiten_rewards', 'false'],
 ])
 def test_hparams_at_the_edges_are_accepted(argv, tmp_path, capsys, monkeypatch):
     built = []

@@ -251,11 +251,15 @@ def rule_ceiling(records, encoder):
     return float(np.mean(inverse_ties))
 
 
-def resolve_initial_model(task):
+def resolve_initial_model(*tasks):
     """task.policy.initial_model 'demo' names the pretrained model, made once (ensure_pretrained): the
-    trainers get its directory. Collective."""
-    if task.policy.initial_model == DEMO_MODEL:
-        task.policy.initial_model = ensure_pretrained()
+    trainers get its directory. All the tasks of a run at once, so that it is checked (and reported) once.
+    Collective."""
+    demo_tasks = [task for task in tasks if task.policy.initial_model == DEMO_MODEL]
+    if demo_tasks:
+        model = ensure_pretrained()
+        for task in demo_tasks:
+            task.policy.initial_model = model
 
 
 def prepare_reward_training(hparams: train_reward_module.HParams, save_dir):
@@ -333,10 +337,13 @@ def _mean_std(scores):
 
 def reward_report(save_dir, *, ceiling, num_responses):
     """The reward model part of the report, from <save_dir>/train_reward_stats.jsonl."""
-    evals = [r for r in read_stats(os.path.join(save_dir, 'train_reward_stats.jsonl')) if 'eval/accuracy' in r]
+    rows = read_stats(os.path.join(save_dir, 'train_reward_stats.jsonl'))
+    evals = [r for r in rows if 'eval/accuracy' in r]
     if not evals:
         return None
-    return dict(held_out_accuracy=evals[-1]['eval/accuracy'], chance=1 / num_responses, ceiling=ceiling)
+    train_evals = [r for r in rows if 'eval_train/accuracy' in r]
+    return dict(held_out_accuracy=evals[-1]['eval/accuracy'], chance=1 / num_responses, ceiling=ceiling,
+                train_accuracy=train_evals[-1]['eval_train/accuracy'] if train_evals else None)
 
 
 def policy_report(save_dir, hparams):
@@ -372,8 +379,10 @@ def format_report(report):
     rm = report.get('reward_model')
     if rm:
         ceiling = f", a perfect learner of the rule: {100 * rm['ceiling']:.1f}%" if rm.get('ceiling') else ''
+        train = (f"; on its training labels: {100 * rm['train_accuracy']:.1f}%"
+                 if rm.get('train_accuracy') is not None else '')
         lines.append(f"reward model held-out accuracy: {100 * rm['held_out_accuracy']:.1f}% "
-                     f"(chance {100 * rm['chance']:.0f}%{ceiling})")
+                     f"(chance {100 * rm['chance']:.0f}%{ceiling}){train}")
     for name, examples in report.get('examples', {}).items():
         lines.append(f'samples of the {name} policy (query | response):')
         lines.extend(f'  {q} | {r}' for q, r in examples)
@@ -407,18 +416,38 @@ def rule_panel(rule):
     return draw, f"demo: rule score of samples on {rule['n']} test queries"
 
 
+REPORT_FILE = 'demo_report.json'
+FIGURE_FILE = 'demo_curves.png'
+
+
+def plot_report(save_dir, out=None, *, title=None):
+    """The demo's figure of a save dir holding its report: every learning curve, the rule score of samples
+    before and after PPO, and on the reward model's accuracy the best a perfect learner of the rule can
+    reach; at out (default <save_dir>/demo_curves.png, which the README shows as static/demo_curves.png).
+    `python sample.py plot` draws it again. Returns its path, or None when save_dir holds no report."""
+    path = os.path.join(save_dir, REPORT_FILE)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        report = json.load(f)
+    extra = [rule_panel(report['rule_score'])] if report.get('rule_score') else []
+    ceiling = (report.get('reward_model') or {}).get('ceiling')
+    references = dict(accuracy=[(ceiling, f'a perfect learner of the rule {100 * ceiling:.1f}%', 'C1', ':')]) \
+        if ceiling else None
+    command = 'train_policy' if report.get('ppo') else 'train_reward'
+    return plots.plot_combined(
+        save_dir, out or os.path.join(save_dir, FIGURE_FILE), extra_panels=extra, references=references,
+        title=title or f'python launch.py {command} demo {os.path.basename(os.path.normpath(save_dir))}')
+
+
 def _finish(report, save_dir):
-    """Print the report and, in the save dir, write it and one figure of every curve and the rule score
-    (<save_dir>/demo_curves.png, which the README shows as static/demo_curves.png)."""
+    """Print the report and, in the save dir, write it and its figure (plot_report)."""
     if utils.is_root():
         print(format_report(report))
         if save_dir:
-            with open(os.path.join(save_dir, 'demo_report.json'), 'w') as f:
+            with open(os.path.join(save_dir, REPORT_FILE), 'w') as f:
                 json.dump(report, f, indent=2)
-            extra = [rule_panel(report['rule_score'])] if report.get('rule_score') else []
-            path = plots.plot_combined(save_dir, os.path.join(save_dir, 'demo_curves.png'), extra_panels=extra,
-                                       title=f'python launch.py train_policy demo {os.path.basename(save_dir)}')
-            print(f'demo: all curves in {path}')
+            print(f'demo: all curves in {plot_report(save_dir)}')
     return report
 
 
@@ -455,7 +484,7 @@ def _train_policy(hparams):
         raise ValueError('the demo needs run.save_dir: the report compares the saved policy with the initial one')
     reward_hparams = hparams.rewards.train_new_model
     ceiling = None
-    resolve_initial_model(hparams.task)
+    resolve_initial_model(hparams.task, *([reward_hparams.task] if reward_hparams is not None else []))
     if reward_hparams is not None:
         ceiling = prepare_reward_training(reward_hparams, save_dir)
 

@@ -157,6 +157,10 @@ def _worker(local_rank, world_size, port, f, mpi, error_dir):
     exit_without_finalizing(0)
 
 
+# `--help` for --procs left unset (default_procs).
+PROCS_HELP = 'one per GPU, at most --mpi and a divisor of it; 1 on a CPU; under torchrun, its processes'
+
+
 def default_procs(mpi):
     """The processes that carry `mpi` ranks by default: under torchrun, its processes; on CUDA, one per
     visible GPU, at most mpi and a divisor of it; on a CPU, one (more processes than cores only add
@@ -367,6 +371,15 @@ def _convert_option(key, value, param):
     return value
 
 
+# A command's options whose default is None say in `--help` what that means (ours: the help printed
+# "(set by the command)"): the command's `option_help` dict maps each to a text, or to REQUIRED.
+REQUIRED = 'required'
+
+
+def _option_help(command):
+    return getattr(command, 'option_help', {})
+
+
 def _usage(name, command):
     words = [name]
     for p in inspect.signature(command).parameters.values():
@@ -374,6 +387,8 @@ def _usage(name, command):
             words.append('[--dotted.hparam VALUE ...]')
         elif p.default is inspect.Parameter.empty:
             words.append(p.name.upper())
+        elif _option_help(command).get(p.name) == REQUIRED:
+            words.append(f'--{p.name} {p.name.upper()}')
         else:
             words.append(f'[--{p.name} {p.name.upper()}]' if not isinstance(p.default, bool) else f'[--{p.name}]')
     return ' '.join(words)
@@ -443,14 +458,15 @@ def main(commands_dict, argv=None):
 
 
 def command_help(program, name, command):
-    """`COMMAND --help`: the command's description (its docstring), usage, options with their defaults,
-    and, where the command lists them, its experiments and most used hparams."""
+    """`COMMAND --help`: the command's description (its docstring), usage, options with their defaults (or
+    for those left unset, their option_help: what happens then, or REQUIRED), and, where the command lists
+    them, its experiments and most used hparams."""
     lines = [f'usage: {program} {_usage(name, command)}', '', inspect.cleandoc(command.__doc__ or '')]
     options = [p for p in inspect.signature(command).parameters.values()
                if p.default is not inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD]
     if options:
-        lines += ['', 'options:'] + [f'  --{p.name} ' + ('(set by the command)' if p.default is None else repr(p.default))
-                                     for p in options]
+        lines += ['', 'options:'] + [f'  --{p.name} ' + (f'({_option_help(command)[p.name]})' if p.default is None
+                                                         else repr(p.default)) for p in options]
     extra = getattr(command, 'help_sections', None)
     if extra is not None:
         lines += ['', extra()]

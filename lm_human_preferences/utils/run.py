@@ -255,9 +255,10 @@ def _duration(seconds):
 
 
 class Progress:
-    """`done/total, time per step, ETA` of a loop of `total` steps that starts at step `start` (a resumed
-    run): the time per step is the mean over the steps this process ran since `started` (default: now).
-    Set .done as the loop goes."""
+    """`done/total done, time per step, ETA` of a loop of `total` steps that starts at step `start` (a
+    resumed run): the time per step is the mean over the steps this process ran since `started` (default:
+    now). Set .done as the loop goes. `done` counts steps (the first step done: 1), unlike the 0-based
+    step index of the stats and of `[ppo_step N]`: the word says which."""
 
     def __init__(self, total, start=0, started=None):
         self.total, self.start, self.done = total, start, start
@@ -265,7 +266,7 @@ class Progress:
 
     def __call__(self):
         per_step = (time.time() - self.started) / max(self.done - self.start, 1)
-        return f'{self.done}/{self.total}, {per_step:.3g} s/step, ETA {_duration(per_step * (self.total - self.done))}'
+        return f'{self.done}/{self.total} done, {per_step:.3g} s/step, ETA {_duration(per_step * (self.total - self.done))}'
 
     def tenth(self):
         """Whether done is the last step or a multiple of a tenth of the total (to print a line)."""

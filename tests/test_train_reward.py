@@ -258,7 +258,7 @@ def test_normalize_lines(debug_normalize, capsys):
     trainer = _trainer(StubRewardModel(), normalize_samples=6, debug_normalize=debug_normalize)
     samples = _batches([1, 2, 3], [4, 5, 6])  # mean 3.5, std sqrt(35 / 12) = 1.7078251...
     capsys.readouterr()
-    trainer.normalize(lambda n: [samples], 0.5, 2.0)
+    trainer.normalize(lambda n: samples, 0.5, 2.0)  # one rank: its batches of samples
     after = ('after normalize: 0.5 +- 2 (measured on new samples: debug_normalize 6)' if debug_normalize else
              'after normalize: 0.5 +- 2 on those samples, by construction (not measured: debug_normalize N '
              'measures it on N new samples)')

@@ -22,6 +22,7 @@ import torch
 
 from lm_human_preferences import lm_tasks, train_policy
 import lm_human_preferences.demo  # noqa: F401  (ours: registers the offline demo's query dataset, which its runs sample from)
+import lm_human_preferences.sentiment_mini  # noqa: F401  (ours: the same for the sentiment miniature)
 from lm_human_preferences.language import checkpoints, hf_export, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils

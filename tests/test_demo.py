@@ -1,5 +1,6 @@
-"""The offline demo end to end, shortened (lm_human_preferences/demo/commands.py through `launch.py train_policy
-demo`): the policy's samples score higher by the rule after PPO, and the reward model beats chance."""
+"""The offline demo end to end, shortened (lm_human_preferences/demo/ through `launch.py train_policy demo`):
+the policy's samples score higher by the rule after PPO, and the reward model beats chance. The mechanism's
+unit tests (the labels' ties and format) are in tests/test_offline.py."""
 import dataclasses
 import importlib.util
 import json
@@ -12,8 +13,7 @@ import numpy as np
 import torch
 import pytest
 
-from lm_human_preferences import label_types
-from lm_human_preferences.demo import commands as demo
+from lm_human_preferences import demo, label_types
 from lm_human_preferences.language import encodings
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite only (the fast tier is -m "not slow")
@@ -24,21 +24,18 @@ top_launch = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(top_launch)
 
 
-def test_rule_and_tie_breaking():
+def test_rule():
     encoder = encodings.Test.get_encoder()
     responses = torch.tensor([encoder.encode('here.were.three'), encoder.encode('a.big.dog.ran.')[:15] + [27]])
-    assert demo.rule_scores(responses, encoder).tolist() == [6.0, 0.0]  # the padding token decodes to ''
-    rng = np.random.RandomState(0)
-    picks = [demo.pick_best(np.array([[1, 3, 3, 0]]), rng)[0] for _ in range(200)]
-    assert set(picks) == {1, 2} and 60 < picks.count(1) < 140  # ties at random, never a lower score
+    assert demo.EXPERIMENT.labeler.scores(responses, encoder).tolist() == [6.0, 0.0]  # the padding token decodes to ''
 
 
 @pytest.fixture
 def short_demo(monkeypatch):
     # A narrower model and fewer labels / PPO batches than the defaults, same pipeline (~1 minute).
-    monkeypatch.setattr(demo, 'PRETRAIN', dataclasses.replace(demo.PRETRAIN, n_embd=64))
-    monkeypatch.setattr(demo, 'HELD_OUT_LABELS', 256)
-    monkeypatch.setattr(demo, 'EVAL_QUERIES', 128)
+    exp = demo.EXPERIMENT
+    monkeypatch.setattr(demo, 'EXPERIMENT', dataclasses.replace(
+        exp, pretrain=dataclasses.replace(exp.pretrain, n_embd=64), held_out_labels=256, eval_queries=128))
     return {'rewards.train_new_model.labels.num_train': '1024',
             'ppo.total_episodes': str(64 * 30),
             'run.log_interval': '100'}
@@ -69,15 +66,14 @@ def test_short_demo_learns(tmp_path, short_demo, capsys):
     # Learning: the rule's score of the policy's samples rises well beyond the sampling noise, and the
     # reward model, trained on 1024 labels, beats chance (25%) on the 256 held-out ones (by over 3.5
     # standard deviations of a chance-level accuracy on 256 labels, 2.7%).
-    before, after = report['rule_score']['before'], report['rule_score']['after']
-    n = report['rule_score']['n']
-    stderr = np.hypot(before['std'], after['std']) / np.sqrt(n)
-    assert after['mean'] - before['mean'] > max(0.5, 4 * stderr), report['rule_score']
-    rm = report['reward_model']
-    assert rm['chance'] == 0.25 and rm['held_out_accuracy'] > 0.35, rm
-    assert rm['held_out_accuracy'] <= rm['ceiling'] + 0.1  # the ceiling is an expectation, not a bound
-    ppo = report['ppo']
-    assert ppo['kl_target'] == 4.0 and ppo['ppo_batches'] == 30 and ppo['kl'] > 0
+    n = report['eval_queries']
+    stderr = np.hypot(report['rule_initial_std'], report['rule_trained_std']) / np.sqrt(n)
+    assert report['rule_trained_mean'] - report['rule_initial_mean'] > max(0.5, 4 * stderr), report
+    assert report['rm_chance_accuracy'] == 0.25 and report['rm_heldout_accuracy'] > 0.35, report
+    assert report['rm_heldout_accuracy'] <= report['rm_ceiling_accuracy'] + 0.1  # the ceiling is an expectation, not a bound
+    assert report['kl_target'] == 4.0 and report['ppo_batches'] == 30 and report['kl'] > 0
+    assert list(report['phase_times_s']) == ['initial model', 'labels', 'train_reward', 'train_policy', 'report samples']
+    assert sum(report['phase_times_s'].values()) <= report['wall_time_s']
 
     # The learning curves were plotted at the end of both trainers, and all of them in the demo's figure.
     for png in ('train_reward_curves.png', 'train_policy_curves.png', 'demo_curves.png'):

@@ -119,8 +119,10 @@ def test_combined_figure_panels(tmp_path, monkeypatch):
     plots.plot_combined(str(tmp_path), str(tmp_path / 'a.png'))
     assert titles == [t for _, t in plots.POLICY_PANELS] + [t for _, t in plots.REWARD_PANELS]
     # Extra panels come last: the demo adds the rule score of samples before and after PPO.
-    from lm_human_preferences.demo import commands as demo
+    from lm_human_preferences import demo
+    from lm_human_preferences.demo import commands
     titles.clear()
-    rule = {'n': 256, 'before': {'mean': 2.8, 'std': 1.2}, 'after': {'mean': 5.2, 'std': 1.5}}
-    plots.plot_combined(str(tmp_path), str(tmp_path / 'b.png'), extra_panels=[demo.rule_panel(rule)])
-    assert titles[-1] == 'demo: rule score of samples on 256 test queries' and len(titles) == 8
+    report = {'eval_queries': 256, 'rule_initial_mean': 2.8, 'rule_initial_std': 1.2,
+              'rule_trained_mean': 5.2, 'rule_trained_std': 1.5}
+    plots.plot_combined(str(tmp_path), str(tmp_path / 'b.png'), extra_panels=[commands.score_panel(demo.EXPERIMENT, report)])
+    assert titles[-1] == 'demo: rule score of 256 samples on test queries' and len(titles) == 8

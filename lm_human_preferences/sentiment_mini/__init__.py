@@ -44,7 +44,7 @@ EXPERIMENT = commands.OfflineExperiment(
     encoding=encodings.Main,
     corpus=pretraining_corpus,
     # n_ctx 96 >= the books task's 64 query + 24 response tokens.
-    pretrain=commands.PretrainHParams(n_layer=2, n_embd=128, n_head=4, n_ctx=96, steps=200, batch_size=16, lr=3e-3),
+    pretrain=commands.PretrainHParams(n_layer=2, n_embd=128, n_head=4, n_ctx=96, steps=400, batch_size=8, lr=3e-3),
     labeler=commands.Labeler(name='vader', description='VADER (vaderSentiment): prefer the most positive response '
                                                        '(the highest compound score)',
                              score_name='VADER compound score', score=vader.compound_score),

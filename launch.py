@@ -78,6 +78,10 @@ demo_task = combos(
     bind('policy.initial_model', 'demo'),
 )
 
+# Ours: the paper's experiments run their 8 ranks side by side in each process (utils/ranks.py), so one pass
+# holds 8 ranks' sequences: 'auto' splits the passes to the device's free memory (utils/memory.py).
+PAPER_MICROBATCH_SIZE = 'auto'
+
 
 def _rebind(experiment, values):
     """Ours: the experiment's trials with the values of some of their keys replaced (each must be bound)."""
@@ -100,6 +104,7 @@ def get_train_reward_experiments():
         bind('normalize_after', True),
         bind('normalize_before', True),
         bind('normalize_samples', 256),
+        bind('run.microbatch_size', PAPER_MICROBATCH_SIZE),
     )
 
 
@@ -183,6 +188,7 @@ def get_train_reward_experiments():
         bind('normalize_before', True),
         bind('normalize_after', True),
         bind('normalize_samples', 256),
+        bind('eval_train_labels', True),  # the report and figure show its accuracy on its training labels too
         bind('run.seed', 1),
     )
 
@@ -210,6 +216,7 @@ def get_experiments():
         bind('ppo.lr', 1e-5),
         bind('ppo.total_episodes', 1_000_000),
         bind('ppo.batch_size', 512),
+        bind('run.microbatch_size', PAPER_MICROBATCH_SIZE),
     )
 
     sentiment = combos(
@@ -240,6 +247,7 @@ def get_experiments():
 
     cnndm = combos(
         bind_nested('task', summarize_cnndm_task),
+        bind('run.microbatch_size', PAPER_MICROBATCH_SIZE),
 
         bind('rewards.train_new_model', 'on'),
         bind_nested('rewards.train_new_model', train_reward_experiments['cnndm']),
@@ -260,6 +268,7 @@ def get_experiments():
 
     tldr = combos(
         bind_nested('task', summarize_tldr_task),
+        bind('run.microbatch_size', PAPER_MICROBATCH_SIZE),
 
         bind('rewards.train_new_model', 'on'),
         bind_nested('rewards.train_new_model', train_reward_experiments['tldr']),
@@ -347,10 +356,11 @@ PAPER_RANKS = 8
 # Ours: the offline experiments, each run by its package (it makes its initial model and labels, runs the
 # trainer, then reports: demo/commands.py).
 OFFLINE_EXPERIMENTS = dict(demo='lm_human_preferences.demo', sentiment_mini='lm_human_preferences.sentiment_mini')
+ONE_RANK_EXPERIMENTS = ('test', *OFFLINE_EXPERIMENTS)
 
 
 def _default_mpi(exp):
-    return 1 if exp == 'test' or exp in OFFLINE_EXPERIMENTS else PAPER_RANKS
+    return 1 if exp in ONE_RANK_EXPERIMENTS else PAPER_RANKS
 
 
 def _command(exp, trainer, command):
@@ -373,7 +383,7 @@ def launch_train_policy(exp, name, dry_run=False, mpi=None, procs=None, save_dir
     launch.launch_trials(
         name, fn=_command(exp, train_policy, 'train_policy'), trials=trials, mpi=_default_mpi(exp) if mpi is None else mpi, procs=procs, save_dir=save_dir,
         hparam_class=train_policy.HParams, extra_hparams=extra_hparams, dry_run=dry_run,
-        hparams_for_ranks=train_policy.check_ranks)
+        hparams_for_ranks=train_policy.check_ranks, derive=train_policy.chain_reward_model)
 
 
 def launch_train_reward(exp, name, dry_run=False, mpi=None, procs=None, save_dir=os.path.join(tempfile.gettempdir(), 'save', 'train_reward'), **extra_hparams):
@@ -397,6 +407,7 @@ RUN_HPARAMS = {
     'run.log_interval': 'steps between stats tables',
     'run.bf16': 'true/false: bf16 autocast for forward passes (default: on with CUDA)',
     'run.microbatch_size': 'at most this many sequences per model pass, to fit memory (same results)',
+    'run.cuda_graph': 'true/false: decoding steps replayed as a CUDA graph (default: on with CUDA)',
     'run.keep_checkpoints': 'model checkpoints kept',
     'run.wandb': 'true: also log to Weights & Biases',
 }
@@ -408,7 +419,8 @@ COMMON_HPARAMS = dict(
         'ppo.total_episodes': 'episodes to train on',
         'ppo.batch_size': 'episodes per PPO batch, over all ranks',
         'ppo.lr': 'learning rate (decayed linearly to 0)',
-        'task.policy.initial_model': "'124M' (GPT-2, downloaded), a model dir, 'test'",
+        'task.policy.initial_model': "'124M' (GPT-2, downloaded), a model dir, a Hugging Face GPT-2 "
+                                     "(folder or hub name), 'test'",
         'task.query_dataset': "books, cnndm, tldr, test, or local:<dir of .txt files>",
         **RUN_HPARAMS},
     train_reward={
@@ -417,7 +429,8 @@ COMMON_HPARAMS = dict(
         'batch_size': 'labels per minibatch, over all ranks',
         'lr': 'learning rate (decayed linearly to 0)',
         'normalize_before': 'true/false', 'normalize_after': 'true/false',
-        'task.policy.initial_model': "'124M' (GPT-2, downloaded), a model dir, 'test'",
+        'task.policy.initial_model': "'124M' (GPT-2, downloaded), a model dir, a Hugging Face GPT-2 "
+                                     "(folder or hub name), 'test'",
         **RUN_HPARAMS})
 
 
@@ -439,6 +452,9 @@ def _help_sections(command, experiments):
 
 launch_train_policy.help_sections = _help_sections('train_policy', get_experiments)
 launch_train_reward.help_sections = _help_sections('train_reward', get_train_reward_experiments)
+launch_train_policy.option_help = launch_train_reward.option_help = dict(
+    mpi=f"the experiment's: 1 for {', '.join(ONE_RANK_EXPERIMENTS)}, {PAPER_RANKS} for the paper's",
+    procs=launch.PROCS_HELP)
 
 
 if __name__ == '__main__':

@@ -12,7 +12,7 @@ task's test split. nsamples 0 (the default, as the original) samples forever.
     python sample.py plot --save_dir DIR [--out FIGURE.png] [--title TITLE]
 
 (ours) `export` writes DIR's policy (or reward model) as a Hugging Face transformers GPT-2 folder; `plot`
-draws its learning curves.
+draws its learning curves again (the figures its run drew), or with --out all of them in one figure.
 """
 
 import os
@@ -21,8 +21,10 @@ from functools import partial
 import torch
 
 from lm_human_preferences import lm_tasks, train_policy
-import lm_human_preferences.demo  # noqa: F401  (ours: registers the offline demo's query dataset, which its runs sample from)
-import lm_human_preferences.sentiment_mini  # noqa: F401  (ours: the same for the sentiment miniature)
+# Ours: the offline experiments, for their figures; importing them registers their query datasets, which
+# their runs sample from.
+from lm_human_preferences import demo, sentiment_mini
+from lm_human_preferences.demo import commands as offline
 from lm_human_preferences.language import checkpoints, hf_export, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
@@ -32,7 +34,6 @@ from lm_human_preferences.utils import hyperparams, launch, plots
 def sample_policy(save_dir=None, savescope='policy', temperature=1.0, seed=None, batch_size=4, nsamples=0):
     hparams = train_policy.HParams()
     hparams.override_from_json_file(os.path.join(save_dir, 'train_policy_hparams.json'))
-    print('hparams', hparams)
     task = hparams.task
 
     nsamples_per_rank = utils.exact_div(nsamples, utils.get_world_size())
@@ -40,7 +41,6 @@ def sample_policy(save_dir=None, savescope='policy', temperature=1.0, seed=None,
     # reward_model); the original accepted it but always loaded 'policy'.
     m = trained_models.TrainedModel(name='sample', savedir=os.path.join(save_dir, 'policy'), scope=savescope)
     encoder = m.encoding.get_encoder()
-    hyperparams.dump(m.hparams(), name='model_hparams')
 
     utils.set_mpi_seed(seed)
 
@@ -60,6 +60,14 @@ def sample_policy(save_dir=None, savescope='policy', temperature=1.0, seed=None,
             rollouts = policy.respond(queries, length=task.response_length)
         return queries, rollouts['responses']
 
+    # Ours: one line saying what is sampled (the original printed the whole HParams repr and the model's
+    # hparams), and labelled samples.
+    if utils.is_root():
+        total = utils.ceil_div(nsamples_per_rank, batch_size) * batch_size * utils.get_world_size()
+        count = ('samples forever (--nsamples 0)' if nsamples == 0 else f'{total} samples' if total == nsamples else
+                 f'{total} samples (--nsamples {nsamples} in whole batches of --batch_size {batch_size})')
+        print(f'sample: {count} of {m.checkpoint()} at temperature {temperature:g}, seed '
+              f'{"random" if seed is None else seed}, on queries from the test split of {task.query_dataset}')
     generated = 0
     while nsamples_per_rank == 0 or generated < nsamples_per_rank:
         # The ranks this process carries, one after another (each prints its own, as the original's ranks).
@@ -68,8 +76,8 @@ def sample_policy(save_dir=None, savescope='policy', temperature=1.0, seed=None,
             assert len(responses.tolist()) == batch_size
             for q, r in zip(queries.tolist(), responses.tolist()):
                 print('=' * 80)
-                print(encoder.decode(q).replace("\n", "⏎"))
-                print(encoder.decode(r).replace("\n", "⏎"))
+                print('query:    ' + encoder.decode(q).replace("\n", "⏎"))
+                print('response: ' + encoder.decode(r).replace("\n", "⏎"))
         generated += batch_size
 
 
@@ -132,19 +140,42 @@ def launch_export(save_dir=None, out=None, savescope='policy'):
     model_dir = os.path.join(save_dir, savescope)
     if not os.path.isdir(model_dir):
         raise launch.ConfigError(f'{model_dir} does not exist (no {savescope} was saved in {save_dir})')
-    for path in hf_export.export(model_dir, out, scope=savescope):
+    task = None  # a policy's sampling settings, for the export's generation_config.json
+    hparams_path = os.path.join(save_dir, 'train_policy_hparams.json')
+    if savescope == 'policy' and os.path.isfile(hparams_path):
+        hparams = train_policy.HParams()
+        hparams.override_from_json_file(hparams_path)
+        task = hparams.task
+    for path in hf_export.export(model_dir, out, scope=savescope, task=task):
         print(path)
+    print('\n'.join(hf_export.usage(out)))
+
+
+OFFLINE_EXPERIMENTS = (demo.EXPERIMENT, sentiment_mini.EXPERIMENT)
 
 
 def launch_plot(save_dir=None, out=None, title=None):
-    """Ours: draw the learning curves of a train_reward / train_policy save dir: its *_curves.png again
-    (the trainers draw them at the end), or with --out every panel in one figure."""
+    """Ours: draw again the figures of a train_reward / train_policy save dir: the trainers' *_curves.png
+    and, for an offline experiment (demo, sentiment_mini), <name>_curves.png; or with --out every panel in
+    one figure (for an offline experiment: its figure)."""
     if save_dir is None:
         raise launch.ConfigError('plot needs --save_dir DIR (a train_reward / train_policy save dir)')
-    paths = [plots.plot_combined(save_dir, out, title=title)] if out else plots.plot_learning_curves(save_dir)
+    reported = [exp for exp in OFFLINE_EXPERIMENTS if os.path.isfile(offline.report_file(exp, save_dir))]
+    if out is None:
+        paths = plots.plot_learning_curves(save_dir) + [offline.plot_report(exp, save_dir) for exp in reported]
+    elif reported:
+        paths = [offline.plot_report(reported[0], save_dir, out, title=title)]
+    else:
+        paths = [plots.plot_combined(save_dir, out, title=title)]
     for path in paths:
         print(path)
 
+
+# `--help` for the options left unset.
+launch_sample.option_help = dict(save_dir=launch.REQUIRED, seed='random', procs=launch.PROCS_HELP)
+launch_export.option_help = dict(save_dir=launch.REQUIRED, out=launch.REQUIRED)
+launch_plot.option_help = dict(save_dir=launch.REQUIRED, out="none: the save dir's own figures, drawn again",
+                               title='the save dir (an offline experiment: its command)')
 
 # A dict of commands, as the original (launch.main is its fire-like command line).
 COMMANDS = dict(

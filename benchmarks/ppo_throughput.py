@@ -370,7 +370,7 @@ class OursImpl:
 
     def line_train(self, rollouts, bf16):
         self.trainer.bf16 = bf16
-        return self.trainer.train_minibatch([rollouts])  # this process's one rank's minibatch
+        return self.trainer.train_minibatch(rollouts)  # one rank: this process carries one
 
     def line_ppo_update(self, rollouts, bf16):
         self.trainer.bf16 = bf16

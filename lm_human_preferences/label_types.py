@@ -51,6 +51,8 @@ class PickBest(LabelType):
                               for i in range(self.num_responses)], dim=1)
         # tf.nn.sparse_softmax_cross_entropy_with_logits, then the mean: torch wants int64 class labels.
         error = F.cross_entropy(logits, labels['best'].long())
+        # `error` is the original's second name for the loss (every label type returns both): the stats
+        # table, TensorBoard and the stats JSONL show both, as the original's did, so that logs compare.
         return dict(loss=error, error=error)
 
     def question_schemas(self, *, query_length, response_length) -> Dict[str, Schema]:

@@ -46,7 +46,10 @@ class TaskHParams(hyperparams.HParams):
         hyperparams.require(self.truncate_after >= 0, prefix + 'truncate_after', self.truncate_after,
                             'it must be at least 0')
         datasets.check_dataset_name(self.query_dataset, name=prefix + 'query_dataset')
-        n_ctx = trained_models.known_n_ctx(self.policy.initial_model)
+        try:
+            n_ctx = trained_models.known_n_ctx(self.policy.initial_model)
+        except (ValueError, OSError) as e:  # ours: a bad name, a missing dir, a config we cannot load
+            raise hyperparams.HParamValueError(f"hyperparameter '{prefix}policy.initial_model': {e}") from None
         tokens = self.query_length + self.response_length
         if n_ctx is not None and tokens > n_ctx:
             # Both lengths take positions: the line names the two, not one of them.

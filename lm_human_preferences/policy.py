@@ -33,11 +33,10 @@ class Policy(nn.Module):
     def get_encoder(self):
         return self.encoder
 
-    def step_core(self, model_hparams, tokens, past=None, past_tokens=None, output_positions=slice(None),
-                  return_present=True, check_inputs=True):
-        lm_output = self.model(tokens, past=past, past_tokens=past_tokens, padding_token=self.padding_token,
-                               output_positions=output_positions, return_present=return_present,
-                               check_inputs=check_inputs)
+    def step_core(self, model_hparams, tokens, past=None, output_positions=slice(None), return_present=True,
+                  room=0, check_inputs=True):
+        lm_output = self.model(tokens, past=past, padding_token=self.padding_token, output_positions=output_positions,
+                               return_present=return_present, room=room, check_inputs=check_inputs)
         # need to slice logits since we don't want to generate special tokens
         logits = lm_output['lm_logits'][:, :, :self.model_hparams.n_vocab]
         return {
@@ -47,17 +46,19 @@ class Policy(nn.Module):
         }
 
     @torch.no_grad()
-    def respond(self, queries, length, generator=None, microbatch_size=None):
+    def respond(self, queries, length, generator=None, microbatch_size=None, uniforms=None, cuda_graph=False):
         """Sample `length` response tokens per query: responses [b, length], their logprobs under the
         tempered logits and the values at the positions that predicted them, [b, length] each.
 
-        Ours: microbatch_size K runs the model on at most K rows at a time, each microbatch with its own
-        KV cache, while every token is still drawn for the whole batch at once: the same random numbers
-        go to the same rows, so the samples do not depend on K.
+        Ours: uniforms [b, length], each sampled token's draw (language/sample.py's draw_uniforms; default:
+        drawn from generator or the global stream). microbatch_size K samples at most K rows at a time,
+        each microbatch with its own KV cache; every row's tokens come from its own draws, so the samples
+        do not depend on K. cuda_graph: on CUDA, each decoding step is replayed as a CUDA graph.
         """
         contexts = self.embed_queries(queries)
         context_length = contexts.shape[1]
-        pieces = utils.microbatches(len(contexts), microbatch_size)
+        if uniforms is None:
+            uniforms = sample.draw_uniforms(len(contexts), length, generator=generator, device=contexts.device)
         # The decoding steps skip the model's input checks (each would wait for the device). The model
         # sees the context and all but the last new token; the last position they take (pads take none)
         # is checked here, once, where the shapes alone cannot rule it out.
@@ -67,30 +68,30 @@ class Policy(nn.Module):
                 raise ValueError(f'{context_length + length - 1} tokens need positions beyond n_ctx = '
                                  f'{self.model_hparams.n_ctx}')
 
-        def step(model_hparams, tokens, past=None, past_tokens=None):
-            # Sampling reads only the last position's logits and value (of the whole context first).
-            outputs = [self.step_core(model_hparams, tokens[piece], past=None if past is None else past[i],
-                                      past_tokens=None if past_tokens is None else past_tokens[piece],
-                                      output_positions=slice(-1, None), check_inputs=past is None)
-                       for i, piece in enumerate(pieces)]
-            return dict(logits=utils.cat_pieces([o['logits'] for o in outputs]),
-                        values=utils.cat_pieces([o['values'] for o in outputs]),
-                        presents=[o['presents'] for o in outputs])
+        def step(model_hparams, tokens, past=None):
+            # Sampling reads only the last position's logits and value (of the whole context first); the
+            # context's KV cache keeps room for every token sampled after it.
+            return self.step_core(model_hparams, tokens, past=past, output_positions=slice(-1, None),
+                                  room=length - 1, check_inputs=past is None)
 
-        result = sample.sample_sequence(
-            step=step,
-            context=contexts,
-            length=length,
-            model_hparams=self.model_hparams,
-            temperature=self.temperature,
-            extra_outputs=('values',),
-            generator=generator,
-        )
-        return dict(
-            responses=result['tokens'][:, context_length:],
-            logprobs=result['logprobs'],
-            values=result['values'],
-        )
+        results = []
+        for piece in utils.microbatches(len(contexts), microbatch_size):
+            result = sample.sample_sequence(
+                step=step,
+                context=contexts[piece],
+                length=length,
+                model_hparams=self.model_hparams,
+                temperature=self.temperature,
+                extra_outputs=('values',),
+                uniforms=uniforms[piece],
+                cuda_graph=cuda_graph,
+            )
+            results.append(dict(
+                responses=result['tokens'][:, context_length:],
+                logprobs=result['logprobs'],
+                values=result['values'],
+            ))
+        return utils.cat_pieces(results)
 
     def analyze_responses(self, queries, responses):
         """Logprobs and entropies of responses under logits / temperature, and the (unscaled) values,

@@ -21,14 +21,15 @@ from typing import Optional
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from lm_human_preferences import lm_tasks, train_reward
-from lm_human_preferences.language import trained_models
+from lm_human_preferences.language import sample, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import TrainedRewardModel
 from lm_human_preferences.utils import checkpointing
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import hyperparams
+from lm_human_preferences.utils import hyperparams, memory, ranks
 from lm_human_preferences.utils.run import Progress, Run
 
 
@@ -98,8 +99,22 @@ class HParams(hyperparams.HParams):
     rewards: RewardHParams = field(default_factory=RewardHParams)
     ppo: PpoHParams = field(default_factory=PpoHParams)
 
+    def override_from_dict(self, flat_dict, separator='.'):
+        """Ours: while the reward model is trained here (rewards.train_new_model on), a `task.X` value sets
+        `rewards.train_new_model.task.X` as well, unless the same dict sets that one itself. The experiments
+        bind the task for both phases (launch.py's bind_nested) and train() needs the two equal, so a
+        command-line `--task.X` must set both too (it made the run fail after its launch)."""
+        super().override_from_dict(flat_dict, separator=separator)
+        if self.rewards.train_new_model is not None:
+            reward_task = separator.join(('rewards', 'train_new_model', ''))
+            both = {reward_task + k: v for k, v in flat_dict.items()
+                    if k.startswith('task' + separator) and reward_task + k not in flat_dict}
+            if both:
+                super().override_from_dict(both, separator=separator)
+
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
+        check_reward_task(self, prefix=prefix)
         # Ours: the values a run cannot use, in one line each, at launch.
         ppo, require = self.ppo, hyperparams.require
         for name in ('batch_size', 'nminibatches', 'noptepochs', 'total_episodes'):
@@ -128,7 +143,46 @@ class HParams(hyperparams.HParams):
         minibatch_size = ppo.batch_size // ppo.nminibatches
         if ppo.whiten_rewards and minibatch_size < 8:
             raise ValueError(f"Minibatch size {minibatch_size} (ppo.batch_size / ppo.nminibatches) is "
-                             f"insufficient for whitening in PPOTrainer.loss (needs >= 8)")
+                             f"insufficient for whitening in PPOTrainer.loss (needs >= 8): use "
+                             f"--{prefix}ppo.batch_size {8 * ppo.nminibatches} or more, fewer "
+                             f"--{prefix}ppo.nminibatches, or --{prefix}ppo.whiten_rewards false")
+
+
+def check_reward_task(hparams: HParams, *, prefix=''):
+    """The reward model trained here (rewards.train_new_model) learns from samples of the policy's task,
+    so its task must be the policy's (the original asserted `hparams.task == ...task` in train, printing
+    both reprs): one line naming the first field that differs."""
+    if hparams.rewards.train_new_model is None:
+        return
+    ours = utils.flatten_dict(hparams.task.to_nested_dict(), sep='.')
+    theirs = utils.flatten_dict(hparams.rewards.train_new_model.task.to_nested_dict(), sep='.')
+    differ = [k for k in ours if ours[k] != theirs[k]]
+    if differ:
+        k = differ[0]
+        also = f' (also differing: {", ".join(differ[1:])})' if len(differ) > 1 else ''
+        raise hyperparams.HParamValueError(
+            f"hyperparameter '{prefix}rewards.train_new_model.task.{k}' is {theirs[k]!r} but '{prefix}task.{k}' is "
+            f"{ours[k]!r}: the reward model is trained on the policy's task, they must be equal (--task.{k} "
+            f"alone sets both){also}")
+
+
+def chain_reward_model(hparams: HParams):
+    """Ours: the values train() derives when it trains the reward model first (rewards.train_new_model):
+    the reward phase saves into the policy's save dir, its model in <save_dir>/reward_model, which the
+    policy then loads; it logs to wandb when the policy does. The launcher sets them too, before the run,
+    so that --dry_run shows them. (The original set the reward run's save dir in train, and
+    rewards.trained_model only after training it.)"""
+    if not hparams.rewards.train_new_model:
+        return
+    save_dir = hparams.run.save_dir
+    if not save_dir:
+        raise ValueError('rewards.train_new_model needs run.save_dir: the reward model is trained into '
+                         '<save_dir>/reward_model and loaded from there')
+    hparams.rewards.train_new_model.run.save_dir = save_dir
+    hparams.rewards.trained_model = os.path.join(save_dir, 'reward_model')
+    if hparams.run.wandb:  # in the policy's project: a group lives in one project
+        hparams.rewards.train_new_model.run.wandb = True
+        hparams.rewards.train_new_model.run.wandb_project = hparams.run.wandb_project
 
 
 def check_ranks(hparams: HParams, num_ranks):
@@ -140,8 +194,14 @@ def check_ranks(hparams: HParams, num_ranks):
                                                  of=f' of each of the ppo.nminibatches {ppo.nminibatches} minibatches'))
     per_rank_minibatch_size = ppo.batch_size // (num_ranks * ppo.nminibatches)
     if ppo.whiten_rewards and per_rank_minibatch_size < 8:
+        # Ours: the fixes (the ranks that fit this batch size: those that split it into minibatches of 8+).
+        fitting_ranks = [r for r in range(1, num_ranks) if ppo.batch_size % (r * ppo.nminibatches) == 0
+                         and ppo.batch_size // (r * ppo.nminibatches) >= 8]
         raise ValueError(f"Per-rank minibatch size {per_rank_minibatch_size} is insufficient for whitening "
-                         f"(ppo.batch_size / (ppo.nminibatches * --mpi {num_ranks} ranks) must be >= 8)")
+                         f"(ppo.batch_size / (ppo.nminibatches * --mpi {num_ranks} ranks) must be >= 8): use "
+                         f"--ppo.batch_size {8 * ppo.nminibatches * num_ranks} or more"
+                         + (f", --mpi {fitting_ranks[-1]}" if fitting_ranks else '')
+                         + ", or --ppo.whiten_rewards false")
     if hparams.rewards.train_new_model:
         train_reward.check_ranks(hparams.rewards.train_new_model, num_ranks, prefix='rewards.train_new_model.')
 
@@ -187,66 +247,73 @@ def compute_rewards(*, scores, logprobs, ref_logprobs, kl_coef):
     return rewards, non_score_reward
 
 
-def compute_advantages(*, rewards, values, gamma, lam, whiten_rewards):
-    """GAE on one minibatch. Returns (whitened advantages, returns); returns use the raw advantages."""
+def compute_advantages(*, rewards, values, gamma, lam, whiten_rewards, ranks=1):
+    """GAE on one minibatch. Returns (whitened advantages, returns); returns use the raw advantages.
+    ranks (ours): the minibatches of that many ranks side by side, rows grouped by rank, each whitened over
+    its own rows as each of the original's ranks whitened its own minibatch."""
     if whiten_rewards:
         # shift_mean=False: normalize the scale but keep the mean reward.
-        rewards = utils.whiten(rewards, shift_mean=False)
+        rewards = utils.whiten(rewards, shift_mean=False, groups=ranks)
 
+    # The TD errors of all tokens at once (the same fp32 operations as the original's per-token ones). The
+    # episode ends after the last response token: its next value is 0.
+    nextvalues = F.pad(values[:, 1:], (0, 1))
+    deltas = rewards + gamma * nextvalues - values  # [b, response_length]
     lastgaelam = 0
     advantages_reversed = []
     gen_length = rewards.shape[1]
     for t in reversed(range(gen_length)):
-        # The episode ends after the last response token: its next value is 0.
-        nextvalues = values[:, t + 1] if t < gen_length - 1 else 0.0
-        delta = rewards[:, t] + gamma * nextvalues - values[:, t]
-        lastgaelam = delta + gamma * lam * lastgaelam
+        lastgaelam = deltas[:, t] + gamma * lam * lastgaelam
         advantages_reversed.append(lastgaelam)
     advantages = torch.stack(advantages_reversed[::-1], dim=1)
     returns = advantages + values  # value targets, from the advantages before whitening
 
-    advantages = utils.whiten(advantages)
+    advantages = utils.whiten(advantages, groups=ranks)
     return advantages.detach(), returns.detach()
 
 
 def ppo_loss(*, logprob, vpred, entropies, old_logprob, old_values, advantages, returns,
-             cliprange, cliprange_value, vf_coef):
+             cliprange, cliprange_value, vf_coef, mean=torch.mean):
     """Clipped PPO policy loss + vf_coef * clipped value loss (no entropy bonus), and its stats: means
-    over the elements given (a minibatch, or a microbatch of one: see PPOTrainer.loss)."""
+    over the elements given (a minibatch). Ours: `mean` is the reduction; PPOTrainer.loss takes the mean of
+    each row (an episode), then each rank's mean of its rows' means, which is the same."""
     # Value loss, clipped around the old values: 0.5 * mean(max(unclipped^2, clipped^2)).
     vpredclipped = torch.clamp(vpred, old_values - cliprange_value, old_values + cliprange_value)
     vf_losses1 = torch.square(vpred - returns)
     vf_losses2 = torch.square(vpredclipped - returns)
-    vf_loss = .5 * torch.mean(torch.maximum(vf_losses1, vf_losses2))
-    vf_clipfrac = torch.mean((vf_losses2 > vf_losses1).float())  # strict >, as tf.greater
+    vf_loss = .5 * mean(torch.maximum(vf_losses1, vf_losses2))
+    vf_clipfrac = mean((vf_losses2 > vf_losses1).float())  # strict >, as tf.greater
 
     # Policy loss: ratio of new to old (sampling-time) probabilities, clipped to 1 +- cliprange.
     ratio = torch.exp(logprob - old_logprob)
     pg_losses = -advantages * ratio
     pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    pg_loss = torch.mean(torch.maximum(pg_losses, pg_losses2))
-    pg_clipfrac = torch.mean((pg_losses2 > pg_losses).float())
+    pg_loss = mean(torch.maximum(pg_losses, pg_losses2))
+    pg_clipfrac = mean((pg_losses2 > pg_losses).float())
 
     loss = pg_loss + vf_coef * vf_loss
 
-    entropy = torch.mean(entropies)
-    approxkl = .5 * torch.mean(torch.square(logprob - old_logprob))
+    entropy = mean(entropies)
+    approxkl = .5 * mean(torch.square(logprob - old_logprob))
 
     stats = dict(
         loss=dict(policy=pg_loss, value=vf_loss, total=loss),
         policy=dict(entropy=entropy, approxkl=approxkl, clipfrac=pg_clipfrac),
-        val=dict(vpred=torch.mean(vpred), error=torch.mean((vpred - returns) ** 2), clipfrac=vf_clipfrac),
+        val=dict(vpred=mean(vpred), error=mean((vpred - returns) ** 2), clipfrac=vf_clipfrac),
     )
     stats = {k: v.detach().float() for k, v in utils.flatten_dict(stats, sep='/').items()}
     return loss, stats
 
 
-def minibatch_moments(*, returns, old_values):
+def minibatch_moments(*, returns, old_values, ranks=1):
     """The original's returns/{mean,var} and val/{mean,var} stats of a minibatch (tf.nn.moments: mean and
     population variance over all elements); they need no model, so they are taken over the whole minibatch
-    even when its loss is computed in microbatches."""
-    stats = {'returns/mean': returns.mean(), 'returns/var': returns.var(unbiased=False),
-             'val/mean': old_values.mean(), 'val/var': old_values.var(unbiased=False)}
+    even when its loss is computed in microbatches. Ours: [ranks] each, one per rank of `ranks` side by side
+    (rows grouped by rank), over its own rows."""
+    stats = {}
+    for name, x in (('returns', returns), ('val', old_values)):
+        mean, var = utils.moments(x.reshape(ranks, -1), dim=1)
+        stats[f'{name}/mean'], stats[f'{name}/var'] = mean.view(ranks), var.view(ranks)
     return {k: v.detach().float() for k, v in stats.items()}
 
 
@@ -274,10 +341,13 @@ class PPOTrainer:
         # per rank sizes
         self.per_rank_rollout_batch_size = utils.exact_div(hparams.ppo.batch_size, utils.get_world_size())
         self.per_rank_minibatch_size = utils.exact_div(self.per_rank_rollout_batch_size, hparams.ppo.nminibatches)
+        # Ours: the ranks this process carries, side by side in every batch: rank local_ranks()[i] holds
+        # rows i * per_rank .. (i + 1) * per_rank - 1 (utils/ranks.py).
+        self.num_local_ranks = len(utils.local_ranks())
+        self.cuda_graph = hparams.run.use_cuda_graph()  # ours: the decoding steps replayed as a CUDA graph
 
         # TF1's AdamOptimizer(epsilon=1e-5) (see AdamTF); the lr is set before every minibatch.
         self.optimizer = utils.AdamTF(self.policy.parameters(), lr=hparams.ppo.lr, eps=1e-5)
-        self.rank_gradients = utils.RankGradients(self.policy.parameters())
 
         # Ours: the utils/run.Run that logs the stats (None: one that saves nothing).
         self.run = run if run is not None else Run(hparams, 'train_policy')
@@ -287,15 +357,16 @@ class PPOTrainer:
 
     def step(self):
         """One PPO batch: every rank's rollout and rewards, noptepochs of minibatch updates, stats, KL
-        controller. The ranks this process carries take their turns (utils/ranks.py): each samples its
-        own queries with its own random streams; the policy they share is updated once per minibatch,
-        with the gradients averaged over all ranks."""
+        controller. Ours: the ranks this process carries run side by side, as row blocks of one batch
+        (utils/ranks.py): each samples its own queries with its own random streams, whitens over its own
+        minibatch and has its own stats; the policy they share is updated once per minibatch, with the
+        gradients averaged over all ranks."""
         hparams = self.hparams
         step_started_at = time.time()
 
         # KL-penalized per-token rewards use this batch's KL coefficient.
         kl_coef = self.kl_ctl.value
-        rollouts, data = zip(*utils.for_each_rank(lambda: self.rollout(kl_coef)))
+        rollouts, data = self.rollout(kl_coef)
 
         train_stats = self.train(rollouts)
 
@@ -304,10 +375,9 @@ class PPOTrainer:
         # Adaptive KL: once per batch, from the KL averaged over all ranks; n_steps = the global batch.
         self.kl_ctl.update(stats['objective/kl'], hparams.ppo.batch_size)
 
-        # Rank 0's samples (the process that prints carries rank 0 first).
-        self.print_samples(queries=rollouts[0]['queries'], responses=data[0]['postprocessed_responses'],
-                           scores=data[0]['scores'], logprobs=data[0]['logprobs'],
-                           ref_logprobs=data[0]['ref_logprobs'])
+        # Rank 0's samples (the process that prints carries rank 0 first: its rows come first).
+        self.print_samples(queries=rollouts['queries'], responses=data['postprocessed_responses'],
+                           scores=data['scores'], logprobs=data['logprobs'], ref_logprobs=data['ref_logprobs'])
 
         # Record profiles of the step times
         step_time = time.time() - step_started_at
@@ -316,22 +386,27 @@ class PPOTrainer:
             self.progress = Progress(nupdates(hparams), start=self.global_step, started=step_started_at)
         self.progress.done = self.global_step + 1
         if utils.is_root():
-            # Ours: of how many, and the ETA.
+            # Ours: how many of how many are done (a count: step 0 done is 1 done), and the ETA.
             print(f"[ppo_step {self.global_step}] step_time={step_time:.2f}s, "
                   f"eps/s={eps_per_second:.2f} ({self.progress()})")
         return stats
 
     def rollout(self, kl_coef):
-        """One rank's rollout, in its section (no gradients): its queries, the policy's responses (the
-        sampling-time logprobs and values are the "old" ones), the reference logprobs, the scores of the
-        postprocessed (truncated) responses and the per-token rewards. Returns (rollouts, the PPO
-        minibatches' data; data, for the stats and the samples printed)."""
+        """The rollout of every rank this process carries, side by side (no gradients): their queries, the
+        policy's responses (the sampling-time logprobs and values are the "old" ones), the reference
+        logprobs, the scores of the postprocessed (truncated) responses and the per-token rewards. Returns
+        (rollouts, the PPO minibatches' data; data, for the stats and the samples printed), rows grouped by
+        rank."""
         hparams = self.hparams
         microbatch_size = self.microbatch_size
-        queries = self.sample_queries()
+
+        # Ours: each rank's queries and sampling draws, from its own query shard and streams.
+        queries, uniforms = utils.side_by_side(lambda: sample.queries_and_draws(
+            self.sample_queries(), hparams.task.response_length))
+
         with torch.no_grad(), utils.autocast(self.bf16):
-            rollouts = self.policy.respond(queries, length=hparams.task.response_length,
-                                           microbatch_size=microbatch_size)
+            rollouts = self.policy.respond(queries, length=hparams.task.response_length, uniforms=uniforms,
+                                           microbatch_size=microbatch_size, cuda_graph=self.cuda_graph)
             responses = rollouts['responses']
             if self.bf16:
                 # Ours: under bf16 the sampler's cached decoding and the loss's full forward round
@@ -359,106 +434,109 @@ class PPOTrainer:
         return rollouts, data
 
     def train(self, rollouts):
-        """noptepochs epochs over each rank's rollouts (one dict per rank this process carries) in
-        nminibatches minibatches. Returns each rank's stats, [number of minibatches] per key."""
-        stat_lists = [[] for _ in rollouts]
+        """noptepochs epochs over the rollouts (every rank's, rows grouped by rank) in nminibatches
+        minibatches. Returns each rank's stats, [ranks, number of minibatches] per key."""
+        per_rank, ranks = self.per_rank_rollout_batch_size, self.num_local_ranks
+        stat_list = []
         for ppo_epoch_idx in range(self.hparams.ppo.noptepochs):
             # A fresh shuffle each epoch from numpy's global RNG, as the original: each rank draws its own
             # order of its own rollouts, from its own stream (seeded by set_mpi_seed).
-            orders = utils.for_each_rank(lambda: np.random.permutation(self.per_rank_rollout_batch_size))
-            for mb_start in range(0, self.per_rank_rollout_batch_size, self.per_rank_minibatch_size):
-                minibatches = []
-                for rank_rollouts, order in zip(rollouts, orders):
-                    mb_indices = torch.from_numpy(order[mb_start:mb_start + self.per_rank_minibatch_size]).to(self.device)
-                    minibatches.append({k: v[mb_indices] for k, v in rank_rollouts.items()})
-                for stat_list, stats in zip(stat_lists, self.train_minibatch(minibatches)):
-                    stat_list.append(stats)
+            orders = utils.for_each_rank(lambda: np.random.permutation(per_rank))
+            # [ranks, per_rank]: the rows of each rank's rollouts in its order
+            orders = torch.from_numpy(np.stack(orders) + per_rank * np.arange(ranks)[:, None]).to(self.device)
+            for mb_start in range(0, per_rank, self.per_rank_minibatch_size):
+                # Every rank's minibatch, side by side
+                mb_indices = orders[:, mb_start:mb_start + self.per_rank_minibatch_size].reshape(-1)
+                minibatch = {k: v[mb_indices] for k, v in rollouts.items()}
+                stat_list.append(self.train_minibatch(minibatch))
         # Collect the stats. (They will be averaged later.)
-        return [{k: torch.stack([s[k] for s in stat_list]) for k in stat_list[0].keys()} for stat_list in stat_lists]
+        return {k: torch.stack([s[k] for s in stat_list], dim=1) for k in stat_list[0].keys()}
 
-    def train_minibatch(self, minibatches):
-        """One step of PPO training: every rank's loss on its own minibatch (one per rank this process
-        carries), one update with the gradients averaged over all ranks. Returns each rank's stats."""
+    def train_minibatch(self, minibatch):
+        """One step of PPO training: every rank's loss on its own minibatch (side by side), one update with
+        the gradients averaged over all ranks. Returns each rank's stats, [ranks] per key."""
         # Linear lr decay by PPO batch: constant within a batch's epochs and minibatches.
         lrnow = self.hparams.ppo.lr * (1 - policy_frac(self.hparams, self.global_step))
         for group in self.optimizer.param_groups:
             group['lr'] = lrnow
 
         self.optimizer.zero_grad(set_to_none=True)
-        stats = []
-        for minibatch in minibatches:  # one rank after another
-            stats.append(self.loss(minibatch))
-            self.rank_gradients.add_rank()
+        stats = self.loss(minibatch)
         # Average the gradients over ranks (the original's MPI allreduce in `minimize`); every rank then
         # applies the same update, so the ranks' policies stay identical. No gradient clipping.
-        self.rank_gradients.average()
+        utils.mpi_allreduce_mean_grads(self.policy.parameters())
         # Ours: stop before a non-finite update is applied (and so before it could be saved).
-        utils.check_finite(self.global_step, **utils.per_rank('loss', [s['loss/total'] for s in stats]),
+        utils.check_finite(self.global_step, **utils.per_rank('loss', stats['loss/total']),
                            grad_norm=utils.grad_norm(self.policy.parameters()))
         self.optimizer.step()
         return stats
 
     def loss(self, rollouts):
-        """One rank's PPO loss on its minibatch, back-propagated (its gradients add to .grad); returns its
-        stats. Ours: the policy runs on microbatches of at most run.microbatch_size sequences, each
-        back-propagated at once with its share of the minibatch's mean loss, so no graph holds more; the
-        rewards and advantages are still whitened over the whole minibatch, as the original."""
+        """Every rank's PPO loss on its minibatch (rows grouped by rank), back-propagated: the gradient of
+        the mean of the ranks' losses adds to .grad. Returns each rank's stats, [ranks] per key.
+
+        Ours: the policy runs on microbatches of at most run.microbatch_size sequences (a microbatch may
+        span ranks), each back-propagated at once with its share of the loss, so no graph holds more; the
+        rewards and advantages are still whitened over each rank's whole minibatch, as the original."""
         ppo = self.hparams.ppo
+        ranks = self.num_local_ranks
         values = rollouts['values']
         old_logprob = rollouts['logprobs']
         # Per minibatch and per rank, as the original: reward whitening, GAE, advantage whitening.
         advantages, returns = compute_advantages(
             rewards=rollouts['rewards'], values=values, gamma=ppo.gamma, lam=ppo.lam,
-            whiten_rewards=ppo.whiten_rewards)
+            whiten_rewards=ppo.whiten_rewards, ranks=ranks)
 
         n = len(values)
-        weighted_stats = []
+        row_stats = []
         for piece in utils.microbatches(n, self.microbatch_size):
             with utils.autocast(self.bf16):
                 outputs = self.policy.analyze_responses(rollouts['queries'][piece], rollouts['responses'][piece])
+            # Each episode's (row's) means: a rank's loss and stats, means over its minibatch's elements,
+            # are the means of its rows'.
             loss, stats = ppo_loss(
                 logprob=outputs['logprobs'].float(), vpred=outputs['values'].float(),
                 entropies=outputs['entropies'].float(), old_logprob=old_logprob[piece], old_values=values[piece],
                 advantages=advantages[piece], returns=returns[piece],
-                cliprange=ppo.cliprange, cliprange_value=ppo.cliprange_value, vf_coef=ppo.vf_coef)
-            # The loss and its stats are means over elements: the minibatch's are the microbatches'
-            # weighted by size (a weight of 1 without a split, which changes nothing).
-            weight = (piece.stop - piece.start) / n
-            (loss * weight).backward()
-            weighted_stats.append({k: v * weight for k, v in stats.items()})
-        stats = {k: sum(s[k] for s in weighted_stats) for k in weighted_stats[0]}
-        stats.update(minibatch_moments(returns=returns, old_values=values))
+                cliprange=ppo.cliprange, cliprange_value=ppo.cliprange_value, vf_coef=ppo.vf_coef,
+                mean=lambda x: x.mean(dim=1))
+            # The mean over ranks of their mean losses is the mean over all rows (each rank has n / ranks).
+            (loss.sum() / n).backward()
+            row_stats.append(stats)
+        stats = {k: torch.cat([s[k] for s in row_stats]).view(ranks, -1).mean(dim=1) for k in row_stats[0]}
+        stats.update(minibatch_moments(returns=returns, old_values=values, ranks=ranks))
         return stats
 
     def record_step_stats(self, *, kl_coef, data, train_stats):
-        """Stats of this batch (each rank's, as the original computed them from its data and train_stats,
-        one per rank this process carries) averaged over all ranks, logged (table, TensorBoard, jsonl,
+        """Stats of this batch (each rank's, as the original computed them from its data and train_stats;
+        rows and train_stats grouped by rank) averaged over all ranks, logged (table, TensorBoard, jsonl,
         wandb); returns them."""
         hparams = self.hparams
+        ranks = self.num_local_ranks
 
-        def rank_stats(*, scores, logprobs, ref_logprobs, non_score_reward, score_stats, train_stats, **_):
-            kl = logprobs - ref_logprobs
-            mean_kl = torch.mean(torch.sum(kl, dim=1))
-            mean_entropy = torch.mean(torch.sum(-logprobs, dim=1))  # sampled logprobs: a one-sample estimate
-            mean_non_score_reward = torch.mean(torch.sum(non_score_reward, dim=1))
-            stats = {
-                'objective/kl': mean_kl,
-                'objective/kl_coef': torch.tensor(kl_coef, dtype=torch.float32, device=mean_kl.device),
-                'objective/entropy': mean_entropy,
-            }
-            for k, v in train_stats.items():
-                stats[f'ppo/{k}'] = torch.mean(v, dim=0)
-            for k, v in score_stats.items():
-                mean = torch.mean(v, dim=0)
-                stats[f'objective/{k}'] = mean
-                stats[f'objective/{k}_total'] = mean + mean_non_score_reward
-            return utils.FlatStats.from_dict(stats)
+        def by_rank(x):  # [ranks * per_rank, ...] -> [ranks, per_rank, ...]
+            return x.view(ranks, -1, *x.shape[1:])
 
-        per_rank = [rank_stats(**d, train_stats=t) for d, t in zip(data, train_stats)]
-        # Averaged in float64 (the original: float32), so that the result does not depend on how the
-        # ranks are spread over processes (the order of the sums).
-        stats = per_rank[0].with_values(utils.mpi_allreduce_mean([s.flat.double() for s in per_rank])).as_dict()
-        stats = {k: v.item() for k, v in stats.items()}
+        kl = by_rank(data['logprobs'] - data['ref_logprobs'])
+        mean_kl = torch.mean(torch.sum(kl, dim=2), dim=1)
+        mean_entropy = torch.mean(torch.sum(-by_rank(data['logprobs']), dim=2), dim=1)  # sampled logprobs: a one-sample estimate
+        mean_non_score_reward = torch.mean(torch.sum(by_rank(data['non_score_reward']), dim=2), dim=1)
+        stats = {
+            'objective/kl': mean_kl,
+            'objective/kl_coef': torch.full_like(mean_kl, kl_coef),
+            'objective/entropy': mean_entropy,
+        }
+        for k, v in train_stats.items():
+            stats[f'ppo/{k}'] = torch.mean(v, dim=1)
+        for k, v in data['score_stats'].items():
+            mean = torch.mean(by_rank(v), dim=1)
+            stats[f'objective/{k}'] = mean
+            stats[f'objective/{k}_total'] = mean + mean_non_score_reward
+        # Averaged over all ranks in float64 (the original: float32), so that the result does not depend on
+        # how the ranks are spread over processes (the order of the sums).
+        keys = sorted(stats)
+        per_rank = torch.stack([stats[k] for k in keys], dim=1).double()  # [ranks, keys]
+        stats = dict(zip(keys, utils.mpi_allreduce_mean(list(per_rank.unbind(0))).tolist()))
 
         # Add more statistics (from the averaged ones)
         step = self.global_step
@@ -492,8 +570,8 @@ class PPOTrainer:
 
         encoder = self.policy.encoder
 
-        # Log samples
-        for i in range(min(3, len(queries))):
+        # Log samples (rank 0's: the first rows)
+        for i in range(min(3, self.per_rank_rollout_batch_size)):
             sample_kl = torch.sum(logprobs[i] - ref_logprobs[i]).item()
             score = scores[i].item()
             print(encoder.decode(queries[i][:self.hparams.task.query_length].tolist()).replace("\n", "⏎"))
@@ -524,25 +602,21 @@ def make_score_fn(hparams, score_model, microbatch_size=None):
     return score_fn
 
 
+def memory_passes(hparams: HParams):
+    """Ours: the model passes of this process, for utils/memory.py: sampling, the forwards that score and take
+    logprobs, and the PPO loss; the ranks side by side, the batch shared by the processes."""
+    rollout = utils.ceil_div(hparams.ppo.batch_size, ranks.num_processes())
+    tokens, responses = hparams.task.query_length + hparams.task.response_length, hparams.task.response_length
+    return [memory.Pass('sample', rollout, tokens, 1), memory.Pass('forward', rollout, tokens, responses),
+            memory.Pass('train', utils.ceil_div(rollout, hparams.ppo.nminibatches), tokens, responses)]
+
+
 def train(hparams: HParams):
     """Ours: rerun with the same hparams and save dir, it resumes from the last training states there."""
-    save_dir = hparams.run.save_dir
-    if hparams.rewards.train_new_model:
-        if hparams.task != hparams.rewards.train_new_model.task:
-            raise ValueError(f'rewards.train_new_model.task must equal task: '
-                             f'{hparams.rewards.train_new_model.task} != {hparams.task}')
-        # The original then loaded the new reward model from <save_dir>/reward_model (and, under pytest,
-        # swapped in a random 'test' reward model); we always load the one just trained.
-        if not save_dir:
-            raise ValueError('rewards.train_new_model needs run.save_dir: the reward model is trained into '
-                             '<save_dir>/reward_model and loaded from there')
-        hparams.rewards.train_new_model.run.save_dir = save_dir
-        # Ours: set before training it (the original: after), so that the run's hparams file has it; and
-        # the reward phase logs to wandb when the policy does (its own run in the save dir's group).
-        hparams.rewards.trained_model = os.path.join(save_dir, 'reward_model')
-        if hparams.run.wandb:  # in the policy's project: a group lives in one project
-            hparams.rewards.train_new_model.run.wandb = True
-            hparams.rewards.train_new_model.run.wandb_project = hparams.run.wandb_project
+    check_reward_task(hparams)  # at launch already (validate); here for callers of train()
+    # The original then loaded the new reward model from <save_dir>/reward_model (and, under pytest,
+    # swapped in a random 'test' reward model); we always load the one just trained.
+    chain_reward_model(hparams)
 
     # Ours: the save dir (locked; a dir holding another run is refused), its files and stats (utils/run.py).
     with Run(hparams, 'train_policy') as run:
@@ -556,6 +630,10 @@ def train(hparams: HParams):
         utils.set_mpi_seed(hparams.run.seed)
 
         device = utils.get_device()
+        # Ours: run.microbatch_size 'auto' becomes a number, planned for this device's free memory (the
+        # run's hparams file keeps 'auto': a rerun plans again).
+        hparams.run.microbatch_size = memory.resolve(hparams.run, memory_passes(hparams), m.hparams(), resident=3,
+                                                     trained=1, device=device, what='train_policy')
         score_model = TrainedRewardModel(hparams.rewards.trained_model, m.encoding,
                                          allow_untrained_head=hparams.rewards.allow_untrained_head).to(device)
 

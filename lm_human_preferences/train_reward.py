@@ -10,17 +10,17 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal, Optional, Union
 
 import numpy as np
 import torch
 
 from lm_human_preferences import label_types, lm_tasks, rewards
-from lm_human_preferences.language import trained_models
+from lm_human_preferences.language import sample, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import checkpointing
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import gcs, hyperparams
+from lm_human_preferences.utils import gcs, hyperparams, memory, ranks
 from lm_human_preferences.utils.run import Progress, Run
 
 
@@ -47,20 +47,30 @@ class RunHParams(hyperparams.HParams):
     # keep the last 3.
     keep_checkpoints: int = 20
     # Ours: at most this many sequences in any forward or backward pass of a model (sampling, logprobs,
-    # scoring, the PPO and reward-model losses, evaluation), to fit memory; None: no split. Results are
-    # the same up to fp32 rounding (the sampled tokens too): only memory and speed change.
-    microbatch_size: Optional[int] = None
+    # scoring, the PPO and reward-model losses, evaluation), to fit memory; None: no split; 'auto': the
+    # largest that fits the device's free memory (utils/memory.py). Results are the same up to fp32
+    # rounding (the sampled tokens too): only memory and speed change.
+    microbatch_size: Optional[Union[int, Literal['auto']]] = None
+    # Ours: on CUDA, capture one decoding step as a CUDA graph and replay it for every later token
+    # (language/sample.py), one launch per token instead of hundreds. None = on with CUDA.
+    cuda_graph: Optional[bool] = None
 
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
         for name in ('save_interval', 'log_interval', 'keep_checkpoints'):
             hyperparams.require(getattr(self, name) > 0, prefix + name, getattr(self, name), 'it must be at least 1')
-        hyperparams.require(self.microbatch_size is None or self.microbatch_size > 0, prefix + 'microbatch_size',
-                            self.microbatch_size, 'it must be at least 1 (or unset: no split)')
+        hyperparams.require(self.microbatch_size in (None, 'auto') or self.microbatch_size > 0, prefix + 'microbatch_size',
+                            self.microbatch_size, "it must be at least 1 ('auto': the largest that fits the free "
+                                                  "memory; unset: no split)")
 
     def use_bf16(self):
         """Whether bf16 autocast is on: run.bf16, or (None) whether CUDA is available."""
         return torch.cuda.is_available() if self.bf16 is None else self.bf16
+
+    def use_cuda_graph(self):
+        """Whether decoding replays its steps as a CUDA graph: run.cuda_graph, or (None) whether CUDA is
+        available (the graph needs CUDA; on a CPU the steps run eagerly whatever this says)."""
+        return torch.cuda.is_available() if self.cuda_graph is None else self.cuda_graph
 
 
 @dataclass
@@ -104,7 +114,7 @@ class HParams(hyperparams.HParams):
         require(self.labels.num_train % self.batch_size == 0, prefix + 'labels.num_train', self.labels.num_train,
                 f'it must be a multiple of {prefix}batch_size {self.batch_size} (one epoch of whole minibatches)')
         microbatch_size = self.run.microbatch_size
-        if microbatch_size is not None:
+        if microbatch_size not in (None, 'auto'):
             # The label type's loss compares a label's samples in one pass: they share a microbatch.
             per_label = len(label_types.get(self.labels.type).question_schemas(query_length=1, response_length=1)) - 1
             if microbatch_size < per_label:
@@ -125,6 +135,11 @@ def splits_over(num_ranks, parts=1, of=''):
     """The one-line rule for a size that num_ranks ranks (and `parts` pieces `of` something each) share."""
     return (f'each of the --mpi {num_ranks} ranks takes an equal share{of}: choose a multiple of {num_ranks * parts} '
             f'(or another --mpi)')
+
+
+def _mean_std(mean, std):
+    """'mean +- std' as the original's normalization lines, to 4 significant digits (ours: it printed 17)."""
+    return f'{mean:.4g} +- {std:.4g}'
 
 
 def _numpy_dtype(torch_dtype):
@@ -233,6 +248,9 @@ class RewardModelTrainer():
         self.device = utils.get_device()
         self.bf16 = hparams.run.use_bf16()
         self.microbatch_size = hparams.run.microbatch_size  # ours: at most this many sequences per model pass
+        self.cuda_graph = hparams.run.use_cuda_graph()  # ours: the decoding steps replayed as a CUDA graph
+        # Ours: the ranks this process carries, side by side in every batch (rows grouped by rank).
+        self.num_local_ranks = len(utils.local_ranks())
 
         self.label_type = label_types.get(hparams.labels.type)
         self.question_schemas = self.label_type.question_schemas(
@@ -254,7 +272,6 @@ class RewardModelTrainer():
         # The original's utils.minimize: gradients all-reduce-averaged over ranks, then TF1 Adam with
         # epsilon 1e-5 over all reward model params (the reward gain and bias included), no clipping.
         self.optimizer = utils.AdamTF(self.reward_model.parameters(), lr=hparams.lr, eps=1e-5)
-        self.rank_gradients = utils.RankGradients(self.reward_model.parameters())
         # Minibatches trained so far (the original's train_step variable): the only training position.
         self.global_step = 0
         # Ours, for resuming: the label order (drawn once after normalize_before), the results so far, and
@@ -270,14 +287,16 @@ class RewardModelTrainer():
     def add_to_buffer(self, labels):
         self.train_buffer.add(**labels)
 
-    def loss(self, labels, *, train):
-        """The label type's stats (its 'loss' included) on one rank's labels, and the rewards each sample
-        got ({sample key: [n]}). With train, the loss is back-propagated (its gradients add to .grad).
+    def loss(self, labels, *, train, ranks=1):
+        """The label type's stats (its 'loss' included) on labels, and the rewards each sample got ({sample
+        key: [n]}). ranks (ours): the labels of that many ranks side by side (rows grouped by rank); the stats
+        are then each rank's, [ranks] per key, and with train the gradient of the mean of the ranks' losses
+        adds to .grad.
 
         Ours: the reward model runs on microbatches of labels holding at most run.microbatch_size sequences
         (a label's query with each of its samples), each microbatch's share of the mean loss back-propagated
-        at once, so no graph holds more. The stats are the label type's on all the labels, from the rewards
-        the samples got (no model pass): the same as without a split, for every label type.
+        at once, so no graph holds more. The stats are the label type's on each rank's labels, from the
+        rewards the samples got (no model pass): the same as without a split, for every label type.
         """
         n = len(labels['query'])
         labels_per_piece = None if self.microbatch_size is None else self.microbatch_size // len(self.sample_keys)
@@ -293,27 +312,33 @@ class RewardModelTrainer():
             with torch.set_grad_enabled(train), utils.autocast(self.bf16):
                 piece_loss = self.label_type.loss(reward_model=reward_model, labels=piece_labels)['loss']
             if train:
+                # The label type's loss is a mean over labels, so the mean of the ranks' losses (each rank
+                # has n / ranks labels) is the mean over all n; a microbatch adds its share.
                 (piece_loss * ((piece.stop - piece.start) / n)).backward()
         rewards = {k: utils.cat_pieces(v) for k, v in rewards.items()}
-        sample_key = {id(labels[k]): k for k in self.sample_keys}
         with torch.no_grad(), utils.autocast(self.bf16):
-            stats = self.label_type.loss(reward_model=lambda queries, responses: rewards[sample_key[id(responses)]],
-                                         labels=labels)
-        return {k: v.detach().float() for k, v in stats.items()}, rewards
+            rank_stats = [self._label_type_loss({k: v[rows] for k, v in rewards.items()},
+                                                {k: v[rows] for k, v in labels.items()})
+                          for rows in utils.microbatches(n, n // ranks)]
+        return {k: torch.stack([s[k] for s in rank_stats]).detach().float() for k in rank_stats[0]}, rewards
+
+    def _label_type_loss(self, rewards, labels):
+        """The label type's loss and stats on labels whose samples got `rewards` ({sample key: [n]})."""
+        sample_key = {id(labels[k]): k for k in self.sample_keys}
+        return self.label_type.loss(reward_model=lambda queries, responses: rewards[sample_key[id(responses)]],
+                                    labels=labels)
 
     def train_batch(self, indices, lr):
-        """One minibatch: each rank this process carries computes the loss on its own labels (indices: one
-        index array per rank) and adds its gradients; one update with them averaged over all ranks."""
+        """One minibatch: each rank this process carries its own labels (indices: one index array per rank),
+        side by side; one update with the gradients averaged over all ranks."""
         for group in self.optimizer.param_groups:
             group['lr'] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        stats = []
-        for our_indices in indices:  # one rank after another
-            stats.append(self.loss(self._to_device(self.train_buffer.read(our_indices)), train=True)[0])
-            self.rank_gradients.add_rank()
-        self.rank_gradients.average()
+        labels = self._to_device(self.train_buffer.read(np.concatenate(indices)))
+        stats = self.loss(labels, train=True, ranks=len(indices))[0]
+        utils.mpi_allreduce_mean_grads(self.reward_model.parameters())
         # Ours: stop before a non-finite update is applied (and so before it could be saved).
-        utils.check_finite(self.global_step, **utils.per_rank('loss', [s['loss'] for s in stats]),
+        utils.check_finite(self.global_step, **utils.per_rank('loss', stats['loss']),
                            grad_norm=utils.grad_norm(self.reward_model.parameters()))
         self.optimizer.step()
 
@@ -321,7 +346,7 @@ class RewardModelTrainer():
         self.global_step += 1
         # The stats averaged over ranks (the original's FlatStats mpi_allreduce_mean), in float64 (the
         # original: float32) so that the result does not depend on how the ranks are spread over processes.
-        stats = {k: utils.mpi_allreduce_mean([s[k].double() for s in stats]).float() for k in stats[0]}
+        stats = {k: utils.mpi_allreduce_mean(list(v.double().unbind(0))).float() for k, v in stats.items()}
         return self.run.stats.log(stats, step)
 
     def target_mean_std(self):
@@ -337,20 +362,20 @@ class RewardModelTrainer():
 
     @torch.no_grad()
     def stats(self, query_responses):
-        """Mean and std of the rewards of every rank's samples (query_responses: for each rank this process
-        carries, its list of (queries, responses) batches)."""
-        def sums(rank_query_responses):
-            with utils.autocast(self.bf16):
-                rewards = torch.cat([utils.microbatched(self.reward_model.get_rewards, self.microbatch_size, qs, rs)
-                                     for qs, rs in rank_query_responses], dim=0)
-            assert rewards.dim() == 1, f'{tuple(rewards.shape)}'
-            # In float64 (the original: float32), so E[x^2] - E[x]^2 cannot go negative.
-            rewards = rewards.double()
-            return torch.stack([rewards.sum(dim=0), rewards.square().sum(dim=0)]), rewards.shape[0]
-        per_rank = [sums(rank_query_responses) for rank_query_responses in query_responses]
+        """Mean and std of the rewards of every rank's samples (query_responses: the (queries, responses)
+        batches of sample_policy_responses, every rank's side by side)."""
+        ranks = self.num_local_ranks
+        with utils.autocast(self.bf16):
+            rewards = [utils.microbatched(self.reward_model.get_rewards, self.microbatch_size, qs, rs)
+                       for qs, rs in query_responses]
+        # [ranks, samples per rank], in float64 (the original: float32), so that E[x^2] - E[x]^2 cannot go
+        # negative and the sums do not depend on their order (how the ranks are spread over processes).
+        rewards = torch.cat([r.view(ranks, -1) for r in rewards], dim=1).double()
+        assert rewards.dim() == 2, f'{tuple(rewards.shape)}'
+        sums = torch.stack([rewards.sum(dim=1), rewards.square().sum(dim=1)], dim=1)  # [ranks, 2]
         # Sum and sum of squares pooled over ranks (each rank scored the same number of samples), then the
         # population std.
-        means, sqr_means = (utils.mpi_allreduce_sum([s for s, _ in per_rank]) / (self.num_ranks * per_rank[0][1])).tolist()
+        means, sqr_means = (utils.mpi_allreduce_sum(list(sums.unbind(0))) / (self.num_ranks * rewards.shape[1])).tolist()
         stds = float(np.sqrt(sqr_means - means ** 2))
         return means, stds
 
@@ -358,15 +383,16 @@ class RewardModelTrainer():
         if not utils.is_root():
             return
         means, stds = stats
-        print(f'after normalize: {means} +- {stds}')
+        print(f'after normalize: {_mean_std(means, stds)} (measured on new samples: debug_normalize '
+              f'{self.hparams.debug_normalize})')
 
     def reset_reward_scales(self):
         self.reward_model.reset_reward_scale()
 
     def set_reward_norms(self, mean, std, new_mean, new_std):
         if utils.is_root():
-            print(f'targets: {new_mean} +- {new_std}')
-            print(f'before normalize: {mean} +- {std}')
+            print(f'targets: {_mean_std(new_mean, new_std)}')
+            print(f'before normalize: {_mean_std(mean, std)}')
         # The original asserted np.isfinite; this error names the statistic.
         utils.check_finite(self.global_step, reward_mean=mean, reward_std=std,
                            target_mean=new_mean, target_std=new_std)
@@ -374,28 +400,28 @@ class RewardModelTrainer():
 
     @torch.no_grad()
     def sample_policy_batch(self):
-        queries = self.query_sampler()['tokens']
+        """One batch of samples of every rank this process carries, side by side: each rank's queries and
+        random draws come from its own query shard and streams (in its section)."""
+        length = self.hparams.task.response_length
+        queries, uniforms = utils.side_by_side(lambda: sample.queries_and_draws(self.query_sampler()['tokens'], length))
         with utils.autocast(self.bf16):
-            responses = self.policy.respond(queries=queries, length=self.hparams.task.response_length,
-                                            microbatch_size=self.microbatch_size)['responses']
+            responses = self.policy.respond(queries=queries, length=length, uniforms=uniforms,
+                                            microbatch_size=self.microbatch_size, cuda_graph=self.cuda_graph)['responses']
         return queries, responses
 
     def sample_policy_responses(self, n_samples):
-        """For each rank this process carries, in its section, its samples: n_samples in total, each rank
-        ceil(n / rollout_batch_size) batches of its rollout_batch_size / num_ranks queries, as the original."""
+        """n_samples in total: ceil(n / rollout_batch_size) batches of rollout_batch_size / num_ranks
+        queries per rank, as the original, every rank this process carries side by side in each."""
         n_batches = utils.ceil_div(n_samples, self.hparams.rollout_batch_size)
         # Ours: a progress line per batch.
-        printing, progress = utils.is_root(), Progress(n_batches * len(utils.local_ranks()))
-
-        def rank_batches():
-            batches = []
-            for _ in range(n_batches):
-                batches.append(self.sample_policy_batch())
-                progress.done += 1
-                if printing and progress.tenth():
-                    print(f'[normalize sampling {progress()}]')
-            return batches
-        return utils.for_each_rank(rank_batches)
+        printing, progress = utils.is_root(), Progress(n_batches)
+        batches = []
+        for _ in range(n_batches):
+            batches.append(self.sample_policy_batch())
+            progress.done += 1
+            if printing and progress.tenth():
+                print(f'[normalize sampling {progress()}]')
+        return batches
 
     def normalize(self, sample_fn, target_means, target_stds):
         """Returns dict(before=(mean, std), target=(mean, std), after=(mean, std) or None) (ours, for
@@ -414,6 +440,10 @@ class RewardModelTrainer():
             stats = self.stats(query_responses)
             self.log_stats_after_normalize(stats)
             result['after'] = stats
+        elif utils.is_root():
+            # Ours: the original printed this line only with debug_normalize; without it, say what is known.
+            print(f'after normalize: {_mean_std(target_means, target_stds)} on those samples, by construction '
+                  f'(not measured: debug_normalize N measures it on N new samples)')
         return result
 
     @torch.no_grad()
@@ -421,25 +451,23 @@ class RewardModelTrainer():
         """Ours: mean loss (the label type's) and, for best_of_N, accuracy (the labeled best gets the highest
         reward; a k-way tie for the highest counts 1/k, as a random tie-break would, so a constant model
         scores 1/N, not 100%) of the reward model on labels (a dict of tensors), each rank scoring
-        labels[rank::num_ranks] in batches of its share of batch_size. Logged as <name>/loss and
-        <name>/accuracy at the current global_step; returns that dict."""
+        labels[rank::num_ranks], the ranks this process carries side by side in batches of their shares of
+        batch_size. Logged as <name>/loss and <name>/accuracy at the current global_step; returns that dict."""
         n = len(next(iter(labels.values())))
-        per_rank_batch_size = utils.exact_div(self.hparams.batch_size, self.num_ranks)
-        rank_totals = []
-        for rank in utils.local_ranks():
-            ours = torch.arange(rank, n, self.num_ranks)
-            loss_sum, correct = 0.0, 0.0
-            for start in range(0, len(ours), per_rank_batch_size):
-                batch = self._to_device({k: v[ours[start:start + per_rank_batch_size]] for k, v in labels.items()})
-                stats, rewards = self.loss(batch, train=False)
-                batch_n = len(batch['query'])
-                loss_sum += stats['loss'].item() * batch_n  # the losses are means over the batch
-                if isinstance(self.label_type, label_types.PickBest):
-                    logits = torch.stack([rewards[k] for k in self.sample_keys], dim=1)
-                    is_max = logits == logits.max(dim=1, keepdim=True).values
-                    correct += (is_max.gather(1, batch['best'].long()[:, None])[:, 0] / is_max.sum(dim=1)).sum().item()
-            rank_totals.append(torch.tensor([float(len(ours)), loss_sum, correct], dtype=torch.float64))
-        totals = utils.mpi_allreduce_sum(rank_totals)
+        ours = torch.cat([torch.arange(rank, n, self.num_ranks) for rank in utils.local_ranks()])
+        batch_size = utils.exact_div(self.hparams.batch_size, self.num_ranks) * self.num_local_ranks
+        loss_sum, correct = 0.0, 0.0
+        for start in range(0, len(ours), batch_size):
+            batch = self._to_device({k: v[ours[start:start + batch_size]] for k, v in labels.items()})
+            stats, rewards = self.loss(batch, train=False)
+            batch_n = len(batch['query'])
+            loss_sum += stats['loss'].item() * batch_n  # the losses are means over the batch
+            if isinstance(self.label_type, label_types.PickBest):
+                logits = torch.stack([rewards[k] for k in self.sample_keys], dim=1)
+                is_max = logits == logits.max(dim=1, keepdim=True).values
+                correct += (is_max.gather(1, batch['best'].long()[:, None])[:, 0] / is_max.sum(dim=1)).sum().item()
+        # This process's totals (its ranks'), summed over processes.
+        totals = utils.processes_sum(torch.tensor([float(len(ours)), loss_sum, correct], dtype=torch.float64))
         count = totals[0].item()
         results = {f'{name}/loss': totals[1].item() / count}
         if isinstance(self.label_type, label_types.PickBest):
@@ -549,6 +577,21 @@ class RewardModelTrainer():
         return True
 
 
+def memory_passes(hparams: HParams):
+    """Ours: the model passes of this process, for utils/memory.py: the loss (one pass per sample of each of
+    its labels, kept until the backward pass), the held-out evaluation, and the normalization's sampling and
+    scoring; the ranks side by side, the batches shared by the processes."""
+    processes = ranks.num_processes()
+    samples = len(label_types.get(hparams.labels.type).question_schemas(query_length=1, response_length=1)) - 1
+    tokens = hparams.task.query_length + hparams.task.response_length
+    labels = utils.ceil_div(hparams.batch_size, processes)
+    passes = [memory.Pass('train', samples * labels, tokens, 0), memory.Pass('forward', samples * labels, tokens, 0)]
+    if hparams.normalize_before or hparams.normalize_after:
+        rollout = utils.ceil_div(hparams.rollout_batch_size, processes)
+        passes += [memory.Pass('sample', rollout, tokens, 1), memory.Pass('forward', rollout, tokens, 0)]
+    return passes
+
+
 def train(hparams: HParams):
     """Train a reward model; returns RewardModelTrainer.train()'s results (ours; the original: None).
     Ours: rerun with the same hparams and save dir, it resumes from the last training state there."""
@@ -559,11 +602,17 @@ def train(hparams: HParams):
         m = trained_models.TrainedModel(hparams.task.policy.initial_model)
         encoder = m.encoding.get_encoder()
         device = utils.get_device()
+        normalizing = hparams.normalize_before or hparams.normalize_after
+        # Ours: run.microbatch_size 'auto' becomes a number, planned for this device's free memory (the
+        # run's hparams file keeps 'auto': a rerun plans again).
+        hparams.run.microbatch_size = memory.resolve(
+            hparams.run, memory_passes(hparams), m.hparams(), resident=1 + normalizing, trained=1, device=device,
+            what='train_reward')
 
         # The frozen initial policy and the query stream only serve the normalizations; the original built
         # them always (TF built graphs lazily, so its query dataset was never read without normalization).
         ref_policy = query_sampler = None
-        if hparams.normalize_before or hparams.normalize_after:
+        if normalizing:
             ref_policy = Policy(
                 m, scope='ref_policy',
                 embed_queries=lm_tasks.query_formatter(hparams.task, encoder),

@@ -18,6 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lm_human_preferences.language import convert_tf, trained_models  # noqa: E402
+from lm_human_preferences.utils import extras  # noqa: E402
 
 
 def main(argv=None):
@@ -31,7 +32,10 @@ def main(argv=None):
     src = args.src
     if not os.path.exists(src) and not os.path.exists(src + '.index') and re.fullmatch(r'\d+M', src):
         src = trained_models.TrainedModel(src).download_release()
-    path = convert_tf.convert_tf_checkpoint(src, args.dst, scope=args.scope)
+    try:
+        path = convert_tf.convert_tf_checkpoint(src, args.dst, scope=args.scope)
+    except extras.MissingExtra as e:
+        sys.exit(f'error: {e}')
     print(f'wrote {path}')
 
 

@@ -40,3 +40,18 @@ def _isolated_caches(tmp_path_factory, monkeypatch):
     cache = tmp_path_factory.getbasetemp() / 'caches'
     monkeypatch.setenv('LMHP_DATASETS_DIR', str(cache / 'datasets'))
     monkeypatch.setenv('LMHP_SAVED_MODELS_DIR', str(cache / 'saved_models'))
+
+
+@pytest.fixture
+def forward_rows(monkeypatch):
+    """The number of sequences of every model pass (GPT-2 forward: sampling steps, logprobs, scores,
+    losses) run in this process, in order."""
+    from lm_human_preferences.language import model
+    rows = []
+    forward = model.Model.forward
+
+    def counting(self, X, *args, **kwargs):
+        rows.append(X.shape[0])
+        return forward(self, X, *args, **kwargs)
+    monkeypatch.setattr(model.Model, 'forward', counting)
+    return rows

@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite only (the fast tier is -m "not slow")
 
-pytest.importorskip('transformers', reason='the benchmark compares against transformers (requirements-test.txt)')
+pytest.importorskip('transformers', reason='the benchmark compares against transformers (the `test` extra)')
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,3 +31,40 @@ def test_ppo_throughput_smoke(tmp_path):
         assert 0 < row['ours_mfu'] and 0 < row['hf_mfu']
     assert [r['context'] for r in result['ctx_rows']] == [8, 64]  # the KV-cache line, both contexts
     assert '| books q16+r8 b8 | (c) reward model fwd | fp32 |' in proc.stdout
+
+
+def test_dispatch_counts_by_phase_and_holds_the_target(tmp_path):
+    """benchmarks/dispatch.py on the paper's books shape (8 ranks, 12 layers): its phases add up to the total,
+    the decoding loop ran response_length - 1 steps, and one update stays within the op budget of a GPU
+    (a count, which does not depend on the machine: the 290,000 ops of one rank after another would fail)."""
+    out = tmp_path / 'dispatch.json'
+    proc = subprocess.run([sys.executable, str(ROOT / 'benchmarks' / 'dispatch.py'), '--shapes', 'books',
+                           '--microbatch', 'none', '--json', str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    books = json.loads(out.read_text())['books']
+    assert sum(books['phases'].values()) == books['ops_per_update']
+    assert {'sampling', 'loss forward+backward', 'optimizer', 'scoring', 'ref logprobs'} <= set(books['phases'])
+    assert books['decode_steps']['steps'] == 23 and books['decode_steps']['loops'] == 1
+    assert books['cuda_graph_ops_per_update'] < books['ops_per_update'] - books['decode_steps']['ops'] / 2
+    assert books['ops_per_update'] <= 15_000, books['phases']
+    assert 'books: ' in proc.stdout and 'of which decoding steps' in proc.stdout
+
+
+def test_memory_and_adam_smoke(tmp_path):
+    """benchmarks/memory.py (tiny model): a pass's peak grows with its sequences and the fit predicts what it
+    does not measure; benchmarks/adam.py: the three AdamTF paths, the multi-tensor one in a dozen ops."""
+    out = tmp_path / 'memory.json'
+    proc = subprocess.run([sys.executable, str(ROOT / 'benchmarks' / 'memory.py'), '--preset', 'tiny', '--shapes', 'tldr',
+                           '--phases', 'ppo_step', '--max-gb', '0.15', '--json', str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())['rows']
+    assert [r['sequences'] for r in rows] == [1, 2, 4, 8, 16, 32]
+    measured = [r for r in rows if not r.get('predicted')]
+    assert len(measured) >= 2 and measured[-1]['peak_mb'] > measured[0]['peak_mb']
+    assert any(r.get('predicted') for r in rows), rows  # 0.15 GB does not hold the whole 32-sequence pass
+    assert '| tldr, cnndm | ppo_step | fp32 |' in proc.stdout
+    proc = subprocess.run([sys.executable, str(ROOT / 'benchmarks' / 'adam.py'), '--preset', 'tiny', '--repeats', '1'],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 'foreach' in proc.stdout and '   14 ops dispatched' in proc.stdout

@@ -258,10 +258,9 @@ def test_single_process_distributed_helpers():
     p = torch.nn.Parameter(torch.ones(2))
     p.grad = torch.full((2,), 4.0)
     utils.sync_params([p])
-    grads = utils.RankGradients([p])
-    grads.add_rank()
-    grads.average()
-    assert p.grad.tolist() == [4.0, 4.0] and grads.sums is None  # one rank: nothing copied
+    grad = p.grad
+    utils.mpi_allreduce_mean_grads([p])
+    assert p.grad is grad and p.grad.tolist() == [4.0, 4.0]  # one process: nothing to average, nothing copied
     assert utils.get_device() == (torch.device('cuda', 0) if torch.cuda.is_available() else torch.device('cpu'))
 
 
@@ -301,20 +300,7 @@ def test_ranks_carried_by_one_process():
 
         assert utils.mpi_allreduce_sum([1, 2, 3]) == 6
         assert utils.mpi_allreduce_mean([torch.tensor(3.0), torch.tensor(6.0), torch.tensor(0.0)]).item() == 3.0
-        # The mean of the ranks' gradients, summed in float64: exact whatever the order. Gradients 1,
-        # 2^-24, 2^-24 summed in float32 in this order lose both small ones (1 + 2^-24 rounds to 1).
-        p, q = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(1))
-        grads = utils.RankGradients([p, q])
-        for g in (1.0, 2 ** -24, 2 ** -24):
-            p.grad = torch.full((2,), g)  # q gets no gradient on any rank
-            grads.add_rank()
-            assert p.grad is None
-        grads.average()
-        exact = np.float32((1 + 2 ** -23) / 3)
-        assert exact != (np.float32(1) + np.float32(2 ** -24) + np.float32(2 ** -24)) / np.float32(3)
-        assert p.grad.dtype == torch.float32 and p.grad.tolist() == [exact] * 2
-        assert q.grad is None
-        assert grads.sums[0].tolist() == [0.0, 0.0]  # ready for the next minibatch
+        p = torch.nn.Parameter(torch.ones(2))
         with pytest.raises(TypeError, match="the list of the values of this process's 3 ranks, got list of 2"):
             utils.mpi_allreduce_sum([1, 2])
         with pytest.raises(RuntimeError, match="collective over processes: call it outside the rank sections"):
@@ -385,6 +371,29 @@ def test_adam_tf_in_chunks_is_the_same_update(monkeypatch):
     for step, (c, w, t) in enumerate(zip(chunked, whole, want)):
         np.testing.assert_array_equal(c, w, err_msg=f'step {step}')
         np.testing.assert_allclose(c, t, rtol=0, atol=1e-6, err_msg=f'step {step}')
+
+
+def test_adam_tf_foreach_is_the_same_update():
+    """The multi-tensor path (the default on CUDA) runs TF's kernel on all parameters at once: bit for bit the
+    chunked path's trajectory (and so TF's), a parameter without a gradient left alone by both."""
+    init, grads, lrs = _adam_problem()
+
+    def trajectory(foreach):
+        params = [torch.nn.Parameter(torch.tensor(init[:40])), torch.nn.Parameter(torch.tensor(init[40:]).view(4, 6)),
+                  torch.nn.Parameter(torch.ones(3))]
+        opt = utils.AdamTF(params, lr=lrs[0], foreach=foreach)
+        out = []
+        for g, lr in zip(grads, lrs):
+            opt.param_groups[0]['lr'] = lr
+            params[0].grad, params[1].grad = torch.tensor(g[:40]), torch.tensor(g[40:]).view(4, 6)
+            opt.step()
+            out.append(torch.cat([p.detach().flatten() for p in params]).numpy().copy())
+        return out
+    want = _tf_adam_trajectory(init, grads, lrs)
+    for step, (f, c, w) in enumerate(zip(trajectory(True), trajectory(False), want)):
+        np.testing.assert_array_equal(f, c, err_msg=f'step {step}')
+        np.testing.assert_allclose(f[:64], w, rtol=0, atol=1e-6, err_msg=f'step {step}')
+        assert np.all(f[64:] == 1)
 
 
 def test_torch_adam_does_not_match_tf1_adam():

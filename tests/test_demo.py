@@ -13,10 +13,9 @@ import numpy as np
 import torch
 import pytest
 
-from lm_human_preferences import demo, label_types
+from lm_human_preferences import demo, label_types, lm_tasks
+from lm_human_preferences.demo import commands
 from lm_human_preferences.language import encodings
-
-pytestmark = pytest.mark.slow  # end-to-end runs: the full suite only (the fast tier is -m "not slow")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location('top_launch', REPO_ROOT / 'launch.py')
@@ -41,13 +40,42 @@ def short_demo(monkeypatch):
             'run.log_interval': '100'}
 
 
+def test_the_initial_model_is_resolved_once_for_all_tasks(tmp_path, monkeypatch, capsys):
+    """train_policy's demo resolves its policy's and its reward model's initial model together: one line
+    says which model it uses (it once said it twice)."""
+    monkeypatch.setenv('LMHP_SAVED_MODELS_DIR', str(tmp_path))
+    exp = demo.EXPERIMENT
+    exp = dataclasses.replace(exp, pretrain=dataclasses.replace(exp.pretrain, n_embd=16, n_layer=1, steps=2, batch_size=2))
+    model = str(tmp_path / 'demo')
+    for _ in range(2):  # made, then found in the cache
+        policy_task, reward_task = lm_tasks.TaskHParams(), lm_tasks.TaskHParams()
+        policy_task.policy.initial_model = reward_task.policy.initial_model = 'demo'
+        commands.resolve_initial_model(exp, policy_task, reward_task)
+        commands.resolve_initial_model(exp, reward_task)  # as prepare_reward_training does next: already resolved
+        assert policy_task.policy.initial_model == reward_task.policy.initial_model == model
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('demo: ')]
+    assert lines == [f'demo: pretraining the initial model into {model} (1 layers, width 16, 27-token vocabulary, '
+                     f'2 steps of 2 x 64 tokens)',
+                     f'demo: using the pretrained initial model in {model}']
+
+
+def test_report_line_of_the_reward_model():
+    report = dict(rm_heldout_accuracy=0.66, rm_chance_accuracy=0.25, rm_ceiling_accuracy=0.785, rm_train_accuracy=0.712,
+                  wall_time_s=1)
+    assert ('reward model held-out accuracy: 66.0% (chance 25%, a perfect learner of the rule: 78.5%); on its '
+            'training labels: 71.2%') in commands.format_report(demo.EXPERIMENT, report).splitlines()
+
+
+@pytest.mark.slow  # end to end: the full suite only (the fast tier is -m "not slow")
 def test_short_demo_learns(tmp_path, short_demo, capsys):
     top_launch.launch_train_policy('demo', 'short', save_dir=str(tmp_path), **short_demo)
     save_dir = tmp_path / 'short'
     out = capsys.readouterr().out
     # progress lines while it makes its labels (1280 labels, 128 queries a batch: 10 batches)
-    assert re.search(r'\[demo labels: batch 1/10, [\d.]+ s/step, ETA \d+s\]', out), out[:3000]
-    assert re.search(r'\[demo labels: batch 10/10, [\d.]+ s/step, ETA 0s\]', out), out[:3000]
+    assert re.search(r'\[demo labels: batch 1/10 done, [\d.]+ s/step, ETA \d+s\]', out), out[:3000]
+    assert re.search(r'\[demo labels: batch 10/10 done, [\d.]+ s/step, ETA 0s\]', out), out[:3000]
+    # which initial model it uses: said once
+    assert len(re.findall(r'^demo: (pretraining the|using the pretrained) initial model', out, re.M)) == 1, out[:3000]
     report = json.loads((save_dir / 'demo_report.json').read_text())
 
     # The labels went through the normal path: the original's JSON format, valid, best = a top scorer.
@@ -71,6 +99,7 @@ def test_short_demo_learns(tmp_path, short_demo, capsys):
     assert report['rule_trained_mean'] - report['rule_initial_mean'] > max(0.5, 4 * stderr), report
     assert report['rm_chance_accuracy'] == 0.25 and report['rm_heldout_accuracy'] > 0.35, report
     assert report['rm_heldout_accuracy'] <= report['rm_ceiling_accuracy'] + 0.1  # the ceiling is an expectation, not a bound
+    assert 0.25 < report['rm_train_accuracy'] <= 1  # its accuracy on its training labels (eval_train_labels)
     assert report['kl_target'] == 4.0 and report['ppo_batches'] == 30 and report['kl'] > 0
     assert list(report['phase_times_s']) == ['initial model', 'labels', 'train_reward', 'train_policy', 'report samples']
     assert sum(report['phase_times_s'].values()) <= report['wall_time_s']
@@ -87,4 +116,6 @@ def test_short_demo_learns(tmp_path, short_demo, capsys):
     blocks = proc.stdout.split('=' * 80 + '\n')[1:]
     assert len(blocks) == 4  # batch_size 4 (at least nsamples: whole batches, as the original)
     query, response = blocks[0].splitlines()[:2]
+    assert query.startswith('query:    ') and response.startswith('response: ')
+    query, response = query[len('query:    '):], response[len('response: '):]
     assert len(query) > 10 and set(query + response) <= set('abcdefghijklmnopqrstuvwxyz.')

@@ -8,7 +8,7 @@ import torch
 from lm_human_preferences.language import checkpoints, encodings, hf_export, model, trained_models
 from lm_human_preferences.policy import Policy
 
-transformers = pytest.importorskip('transformers')  # a test-only dependency (requirements-test.txt)
+transformers = pytest.importorskip('transformers')  # a test-only dependency (the `test` extra)
 
 
 def _random_policy_dir(tmp_path):
@@ -43,7 +43,8 @@ def exported(tmp_path_factory):
 def test_files_and_config(exported):
     lm, _, out, written, hf = exported
     assert sorted(p.rsplit('/', 1)[-1] for p in written) == [
-        'config.json', 'lmhp_export.json', 'model.safetensors', 'value_head.safetensors']
+        'config.json', 'generation_config.json', 'lmhp_export.json', 'model.safetensors', 'tokenizer.json',
+        'tokenizer_config.json', 'value_head.safetensors']
     config = json.loads((out / 'config.json').read_text())
     assert (config['vocab_size'], config['n_positions'], config['n_embd'], config['n_layer'], config['n_head']) == \
         (27, 32, 48, 2, 4)
@@ -129,3 +130,97 @@ def test_sample_py_export_command(tmp_path, capsys):
             sample_cli.launch.main(sample_cli.COMMANDS, argv=['export', *argv])
         assert e.value.code == 2
         assert message in capsys.readouterr().err
+
+
+# ---- the tokenizer (once not written: AutoTokenizer silently gave an empty one, vocab_size 0) ----
+
+def _random_model_dir(path, encoding, n_ctx=40):
+    """A saved policy of ours with large random weights (greedy choices far from ties)."""
+    hparams = model.HParams(n_vocab=encoding.n_vocab, n_ctx=n_ctx, n_embd=32, n_head=4, n_layer=2)
+    torch.manual_seed(0)
+    lm = model.Model(hparams, scalar_heads=['value'])
+    with torch.no_grad():
+        for name, p in lm.named_parameters():
+            p.copy_((0.5 if name == 'wte' else 0.3) * torch.randn_like(p) + (1 if name.endswith('.g') else 0))
+    checkpoints.save_checkpoint(str(path), 1, lm, hparams=hparams, encoding=encoding)
+    return path
+
+
+QUERIES = {'test': ['the.river.is.a.', 'by.the.bridge.', 'every.eve.'],
+           'main': ['The river is a', 'By the bridge, he said:\n\n', 'Every eve']}
+
+
+@pytest.mark.parametrize('encoding_name', ['test', pytest.param('main', marks=pytest.mark.slow)])
+def test_auto_tokenizer_and_generate_reproduce_our_samples(encoding_name, tmp_path):
+    """AutoTokenizer + GPT2LMHeadModel.generate on the export give our policy's sample texts (greedy: our
+    sampler at temperature 0), prompts of different lengths padded in one batch as the printed usage does."""
+    encoding = encodings.get(encoding_name)
+    policy_dir = _random_model_dir(tmp_path / 'policy', encoding)
+    hf_export.export(str(policy_dir), str(tmp_path / 'hf'))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / 'hf'))
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / 'hf')).eval()
+    encoder = encoding.get_encoder()
+    assert tokenizer.vocab_size == encoding.n_vocab
+    for text in QUERIES[encoding_name] + ['Any TEXT, 123 \u00e9!']:
+        assert tokenizer(text)['input_ids'] == encoder.encode(text)
+        assert tokenizer.decode(encoder.encode(text)) == encoder.decode(encoder.encode(text))
+
+    policy = Policy(trained_models.TrainedModel(str(policy_dir)), temperature=0.0).eval()
+    ours = [encoder.decode(policy.respond(torch.tensor([encoder.encode(q)]), length=12)['responses'][0].tolist())
+            for q in QUERIES[encoding_name]]
+    batch = tokenizer(QUERIES[encoding_name], return_tensors='pt', padding=True)
+    assert len(set(map(len, batch['input_ids'].tolist()))) == 1 and (batch['attention_mask'] == 0).any()
+    input_ids = batch.input_ids.masked_fill(batch.attention_mask == 0, 0)  # the usage's line for `test`
+    with torch.no_grad():
+        out = hf.generate(input_ids=input_ids, attention_mask=batch.attention_mask, max_new_tokens=12,
+                          min_new_tokens=12, do_sample=False, top_k=None, top_p=None)
+    assert tokenizer.batch_decode(out[:, batch.input_ids.shape[1]:]) == ours
+
+
+@pytest.mark.parametrize('encoding_name', ['test', 'main'])
+def test_padding_never_masks_a_character_of_the_prompt(encoding_name, tmp_path):
+    """The pad token is no character of a prompt: `.` as the test model's pad made generate mask every `.`."""
+    encoding = encodings.get(encoding_name)
+    hf_export.export(str(_random_model_dir(tmp_path / 'policy', encoding)), str(tmp_path / 'hf'))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / 'hf'))
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / 'hf')).eval()
+    assert tokenizer.padding_side == 'left'
+    text = 'the.river.is.a.'
+    assert tokenizer.pad_token_id not in tokenizer(text)['input_ids']
+    if encoding_name == 'test':
+        assert tokenizer.pad_token == '<pad>' and tokenizer.pad_token_id == 27  # outside the model's 27 tokens
+    else:  # GPT-2's convention: pad = eos, which generate never takes for padding
+        assert tokenizer.pad_token_id == tokenizer.eos_token_id == hf.generation_config.pad_token_id == 50256
+    ids = tokenizer(text, return_tensors='pt').input_ids
+    with torch.no_grad():  # no attention_mask: generate infers one from the pad token, if it may
+        inferred = hf.generate(ids, max_new_tokens=5, do_sample=False, top_k=None, top_p=None)
+        explicit = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False, top_k=None,
+                               top_p=None)
+    assert torch.equal(inferred, explicit)
+
+
+def test_generation_config_samples_as_our_policy(tmp_path, capsys):
+    """The whole distribution (top_k 0, not transformers' 50) at the run's temperature and response length; and
+    sample.py export prints how to use it: the printed code runs."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location('sample_cli', Path(__file__).resolve().parents[1] / 'sample.py')
+    sample_cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sample_cli)
+    from lm_human_preferences import train_policy
+    from lm_human_preferences.utils import hyperparams
+    _random_model_dir(tmp_path / 'run' / 'policy', encodings.Test)
+    run_hparams = train_policy.HParams()
+    run_hparams.override_from_dict({'task.policy.temperature': 0.7, 'task.response_length': 9})
+    hyperparams.save_json(run_hparams, str(tmp_path / 'run' / 'train_policy_hparams.json'))
+    sample_cli.launch.main(sample_cli.COMMANDS, argv=['export', '--save_dir', str(tmp_path / 'run'),
+                                                      '--out', str(tmp_path / 'hf')])
+    out = capsys.readouterr().out
+    config = json.loads((tmp_path / 'hf' / 'generation_config.json').read_text())
+    assert (config['do_sample'], config['top_k'], config['temperature'], config['max_new_tokens']) == (True, 0, 0.7, 9)
+    usage = out[out.index('use it with transformers'):].splitlines()[1:]
+    namespace = {}
+    torch.manual_seed(0)
+    exec('\n'.join(line[2:] for line in usage), namespace)  # prints the samples
+    samples = capsys.readouterr().out
+    assert samples.startswith("['") and len(eval(samples)) == 2 and all(len(s) == 9 for s in eval(samples))

@@ -4,6 +4,7 @@ The 2-process tests also cover the multi-process side of utils/core.py's distrib
 utils/gcs.py's rank-0-downloads rule.
 """
 import atexit
+import inspect
 import json
 import os
 import subprocess
@@ -75,7 +76,8 @@ def test_launch_trials_in_process(tmp_path, capsys):
     launch.launch_trials('exp', partial(_record, str(tmp_path / 'none.jsonl')), trials, ToyHParams, dry_run=True)
     assert not (tmp_path / 'none.jsonl').exists()
     printed = capsys.readouterr().out
-    assert 'exp/batch_size16: ' in printed and 'hparams:\n' in printed and '  lr: 0.001\n' in printed
+    assert 'exp/batch_size16: 1 rank (--mpi 1) in 1 process (--procs 1)' in printed
+    assert '\n  lr: 0.001  # experiment\n' in printed and '\n  batch_size: 16  # experiment\n' in printed
 
 
 def test_launch_trials_config_errors():
@@ -113,7 +115,7 @@ def test_main_parses_options_and_hparams(capsys):
     code, out, err = _main(['cmd', 'toy', 'n', '--batch_size', '16', '--lr=0.5', '--save_dir', '/s'], capsys)
     assert code == 0 and 'RAN 0.5 16 /s/n' in out, err
     code, out, err = _main(['cmd', 'toy', 'n', '--dry_run', '--run.seed', '4'], capsys)
-    assert code == 0 and 'RAN' not in out and '    seed: 4\n' in out
+    assert code == 0 and 'RAN' not in out and '\n  run.seed: 4  # command line\n' in out
     code, out, err = _main(['cmd', 'toy', 'n', '--dry_run=false', '--mpi', '1'], capsys)
     assert code == 0 and 'RAN' in out
 
@@ -175,6 +177,26 @@ def test_help_on_every_command_and_sub_command(capsys, monkeypatch):
             assert 'most used hparams' in out and '--run.microbatch_size' in out and '--ppo.lr' in out
 
 
+def test_help_says_what_an_unset_option_means(capsys, monkeypatch):
+    """An option whose default is None says what happens when it is left out, or that it is required
+    (in the usage line too: no brackets); none says '(set by the command)'."""
+    import sample as top_sample
+    trainers = dict(train_policy=top_launch.launch_train_policy, train_reward=top_launch.launch_train_reward)
+    for commands, program in ((trainers, 'launch.py'), (top_sample.COMMANDS, 'sample.py')):
+        monkeypatch.setattr(sys, 'argv', [program])
+        for name, command in commands.items():
+            unset = [p.name for p in inspect.signature(command).parameters.values() if p.default is None]
+            assert sorted(command.option_help) == sorted(unset), name  # each one described, no other
+    out = {name: _main_exit(commands, [name, '--help'], capsys)[1] for commands in (trainers, top_sample.COMMANDS)
+           for name in commands}
+    assert not any('set by the command' in text for text in out.values())
+    assert out['sample'].startswith('usage: sample.py sample --save_dir SAVE_DIR [--savescope SAVESCOPE] ')
+    assert '\n  --save_dir (required)\n' in out['sample'] and '\n  --seed (random)\n' in out['sample']
+    assert out['export'].startswith('usage: sample.py export --save_dir SAVE_DIR --out OUT [--savescope SAVESCOPE]')
+    assert "\n  --mpi (the experiment's: 1 for test and demo, 8 for the paper's)\n" in out['train_policy']
+    assert '\n  --procs (one per GPU, at most --mpi and a divisor of it; 1 on a CPU;' in out['train_reward']
+
+
 # ---- the real experiments ----
 
 def _bindings(trials):
@@ -226,8 +248,13 @@ def test_dry_run_every_experiment(command, tmp_path):
     for exp, p in procs.items():
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, f'{command} {exp}:\n{err}'
-        assert '\nhparams:\n' in out
-        assert f'save_dir: {tmp_path / "x"}' in out
+        assert '\nsave dirs, and what the trainer derives from them:\n' in out
+        assert f'\n  run.save_dir: {tmp_path / "x"}\n' in out
+        assert f"\n  run.save_dir: '{tmp_path / 'x'}'  # --save_dir/NAME\n" in out
+        if command == 'train_policy':  # the reward model is trained first, into the same save dir
+            assert f"\n  rewards.trained_model: '{tmp_path / 'x' / 'reward_model'}'  # derived\n" in out
+            assert f"\n  rewards.train_new_model.run.save_dir: '{tmp_path / 'x'}'  # derived\n" in out
+        assert max(map(len, out.splitlines())) < 200  # one binding per line (the bindings once made one of 1,494)
     bad = _run_launch_py(command, 'sentiment', 'x', '--dry_run', '--run.sede', '1')
     out, err = bad.communicate(timeout=120)
     assert bad.returncode == 2
@@ -306,12 +333,10 @@ def _collectives_worker(out_dir, base_url):
     model.register_buffer('gain', torch.tensor(float(process + 7)))
     core.sync_params(model)
     res['params'] = [t.tolist() for t in model.state_dict().values()]
-    # Each rank adds its gradient (rank r: r everywhere); bias.grad stays None (skipped).
-    grads = core.RankGradients(model.parameters())
-    for r in mine:
-        model.weight.grad = torch.full_like(model.weight, float(r))
-        grads.add_rank()
-    grads.average()
+    # Each process's gradient is the mean of its ranks' (rank r: r everywhere, as one backward of the mean of
+    # their losses gives); bias.grad stays None (skipped).
+    model.weight.grad = torch.full_like(model.weight, sum(mine) / len(mine))
+    core.mpi_allreduce_mean_grads(model.parameters())
     res['grad'] = model.weight.grad.flatten().tolist()
     res['bias_grad'] = model.bias.grad
     core.set_mpi_seed(1)

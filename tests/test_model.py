@@ -24,9 +24,10 @@ def test_incremental():
     past = None
     for step in range(steps):
         logits = m(ids[:, :step + 1])['lm_logits']
-        past_lm = m(ids[:, step:step + 1], past=past)
+        # Ours: the first call's cache keeps room for the later tokens (it is extended in place).
+        past_lm = m(ids[:, step:step + 1], past=past, room=steps - 1 if past is None else 0)
         past = past_lm['present']
-        assert past.length == step + 1
+        assert past.length.item() == step + 1 and past.capacity == steps
         torch.testing.assert_close(logits[:, -1:], past_lm['lm_logits'], atol=1e-5, rtol=0)
 
 
@@ -49,7 +50,7 @@ def test_mask():
     X = rng.randint(hp.n_vocab, size=[batch_size, length])
 
     # Run model without gaps
-    logits = m(torch.from_numpy(X), past=model.KVCache.from_stacked(torch.from_numpy(past)))['lm_logits']
+    logits = m(torch.from_numpy(X), past=model.KVCache.from_stacked(torch.from_numpy(past), room=length))['lm_logits']
 
     # Run the same thing, but with gaps (pads) randomly inserted
     gap_past_length, gap_length = 7, 5
@@ -71,8 +72,10 @@ def test_mask():
         for i in range(length):
             X_gap[b, X_sub[b, i]] = X[b, i]
     # 7 + 5 tokens exceed n_ctx = 8, but only 7 are real: positions stay below n_ctx.
-    gap_logits = m(torch.from_numpy(X_gap), past=model.KVCache.from_stacked(torch.from_numpy(past_gap)),
-                   past_tokens=torch.from_numpy(past_tokens_gap), padding_token=pad)['lm_logits']
+    # The original passed past_tokens with the call; our cache takes them once (from_stacked).
+    past_gap = model.KVCache.from_stacked(torch.from_numpy(past_gap), past_tokens=torch.from_numpy(past_tokens_gap),
+                                          padding_token=pad, room=gap_length)
+    gap_logits = m(torch.from_numpy(X_gap), past=past_gap, padding_token=pad)['lm_logits']
     sub_logits = gap_logits[torch.arange(batch_size)[:, None], torch.from_numpy(X_sub)]
     assert logits.shape == sub_logits.shape
     torch.testing.assert_close(logits, sub_logits, atol=1e-5, rtol=0)
@@ -115,7 +118,7 @@ def test_output_positions_equal_slicing_all_outputs(positions):
     for key in ('lm_logits', 'value', 'reward'):
         assert part[key].shape[1] == len(range(X.shape[1])[positions])
         torch.testing.assert_close(part[key], full[key][:, positions], atol=1e-6, rtol=0, msg=key)
-    torch.testing.assert_close(part['h'], full['h'], atol=0, rtol=0)
+    torch.testing.assert_close(part['h'], full['h'][:, positions], atol=0, rtol=0)
 
 
 def test_lm_logits_and_present_off_skip_only_those():
@@ -134,9 +137,10 @@ def test_first_token_pad_raises():
     m = _model(n_vocab=10, n_ctx=8, n_embd=4, n_head=2, n_layer=1)
     with pytest.raises(ValueError, match=r'rows \[1\] of X start with the padding token 11'):
         m(torch.tensor([[1, 2, 11], [11, 3, 4]]), padding_token=11)
-    with pytest.raises(ValueError, match='padding_token requires past_tokens'):
-        past = m(torch.tensor([[1, 2]]))['present']
-        m(torch.tensor([[3]]), past=past, padding_token=11)
+    past = m(torch.tensor([[1, 2]]), room=1)['present']
+    m(torch.tensor([[3]]), past=past, padding_token=11)
+    with pytest.raises(ValueError, match='past has room for 0 more positions, not 1'):
+        m(torch.tensor([[4]]), past=past, padding_token=11)
 
 
 def test_too_long_raises():
@@ -148,8 +152,8 @@ def test_too_long_raises():
 @pytest.mark.parametrize('grad', [False, True])
 def test_kv_cache_with_pads_in_context(grad):
     """Chunked decoding (a padded context, a 3-token chunk with a pad inside, then single tokens) equals
-    the full forward, with pads inside the cached context; with gradients off the cache is written in
-    place (no copy per token once it has room)."""
+    the full forward, with pads inside the cached context; the cache made by the first call with room for
+    the rest is extended in place (no copy per token)."""
     m = _model(n_vocab=10, n_ctx=24, n_embd=12, n_head=3, n_layer=2, scalar_heads=['value'])
     pad = 10
     X = torch.from_numpy(np.random.RandomState(0).randint(10, size=[3, 14]))
@@ -161,16 +165,31 @@ def test_kv_cache_with_pads_in_context(grad):
     with torch.set_grad_enabled(grad):
         past, logits, values, ptrs = None, [], [], []
         for lo, hi in zip(bounds[:-1], bounds[1:]):
-            out = m(X[:, lo:hi], past=past, past_tokens=None if past is None else X[:, :lo], padding_token=pad)
+            out = m(X[:, lo:hi], past=past, padding_token=pad, room=14 - hi if past is None else 0)
             past = out['present']
             logits.append(out['lm_logits'])
             values.append(out['value'])
             ptrs.append(past.keys[0].data_ptr())
     torch.testing.assert_close(torch.cat(logits, 1), full['lm_logits'], atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.cat(values, 1), full['value'], atol=1e-5, rtol=0)
-    if not grad:
-        # capacity doubled from 7 to 14 at the second chunk, then every write was in place
-        assert len(set(ptrs[1:])) == 1
+    assert len(set(ptrs)) == 1 and past.capacity == 14
+    assert past.n_real.tolist() == (X != pad).sum(1).tolist() and torch.equal(past.real, X != pad)
+
+
+def test_decoding_step_has_fixed_shapes():
+    """A one-token call on a cache (a decoding step) attends over the cache's whole capacity, unwritten
+    positions masked: the same logits as the full forward whatever room is left, and the shapes of its
+    tensors do not depend on how far decoding is (what a CUDA graph replays)."""
+    m = _model(n_vocab=10, n_ctx=24, n_embd=12, n_head=3, n_layer=2)
+    pad = 10
+    X = torch.from_numpy(np.random.RandomState(1).randint(10, size=[2, 9]))
+    X[1, 2:4] = pad
+    full = m(X, padding_token=pad)['lm_logits']
+    with torch.no_grad():
+        past = m(X[:, :5], padding_token=pad, room=10)['present']  # room for more than the 4 steps below
+        steps = [m(X[:, i:i + 1], past=past, padding_token=pad, check_inputs=False)['lm_logits'] for i in range(5, 9)]
+    torch.testing.assert_close(torch.cat(steps, 1), full[:, 5:], atol=1e-5, rtol=0)
+    assert past.length.item() == 9 and past.capacity == 15
 
 
 def test_sdpa_equals_original_attention_formula():
@@ -185,16 +204,18 @@ def test_sdpa_equals_original_attention_formula():
     keep[0, 2:4] = False
     keep[1, 5] = False
     causal = model.attention_mask(s, s)
-    ours, _ = attn(x, past=None, past_length=0, mask=(causal[None, None] & keep[:, None, None, :]))
+    visible = causal[None, None] & keep[:, None, None, :]
+    ours = attn(x.reshape(b * s, e), batch=b, cache=None, write_at=None, attend_cache=False,
+                bias=torch.where(visible, 0.0, model.MASKED)).view(b, s, e)
 
-    q, k, v = attn.c_attn(x).split(e, dim=2)
+    q, k, v = attn.c_attn(x.reshape(b * s, e)).view(b, s, 3 * e).split(e, dim=2)
     q, k, v = (t.reshape(b, s, nh, e // nh).transpose(1, 2) for t in (q, k, v))
     w = q @ k.transpose(-1, -2) * (1 / math.sqrt(e // nh))
     bm = causal.float()[None, None] * keep.float()[:, None, None, :]
     w = w * bm - 1e10 * (1 - bm)
     w = torch.exp(w - w.amax(-1, keepdim=True))
     w = w / w.sum(-1, keepdim=True)
-    theirs = attn.c_proj((w @ v).transpose(1, 2).reshape(b, s, e))
+    theirs = attn.c_proj((w @ v).transpose(1, 2).reshape(b * s, e)).view(b, s, e)
     torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=0)
 
 

@@ -126,3 +126,124 @@ def test_combined_figure_panels(tmp_path, monkeypatch):
               'rule_trained_mean': 5.2, 'rule_trained_std': 1.5}
     plots.plot_combined(str(tmp_path), str(tmp_path / 'b.png'), extra_panels=[commands.score_panel(demo.EXPERIMENT, report)])
     assert titles[-1] == 'demo: rule score of 256 samples on test queries' and len(titles) == 8
+
+
+# ---- what the figures show (read back through matplotlib's objects) ----
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The matplotlib figures drawn (plots.figure), by the path they are saved to."""
+    drawn = {}
+    real_draw = plots._draw
+
+    def spy(panels, out, *, title):
+        real_figure = plots.figure
+
+        def keep(panels, *, title):
+            drawn[str(out)] = fig = real_figure(panels, title=title)
+            return fig
+        monkeypatch.setattr(plots, 'figure', keep)
+        try:
+            return real_draw(panels, out, title=title)
+        finally:
+            monkeypatch.setattr(plots, 'figure', real_figure)
+    monkeypatch.setattr(plots, '_draw', spy)
+    return drawn
+
+
+def _axes(fig):
+    return {ax.get_title(): ax for ax in fig.axes}
+
+
+def _legend(ax):
+    return ax.get_legend_handles_labels()[1]
+
+
+def test_controller_values_are_plotted_raw_and_raw_lines_are_labelled(tmp_path, figures):
+    _policy_run(tmp_path)
+    _reward_run(tmp_path)
+    plots.plot_learning_curves(str(tmp_path))
+    axes = _axes(figures[str(tmp_path / 'train_policy_curves.png')])
+    # kl_coef is what the controller set: one line, the logged values (no EMA lagging behind them).
+    kl_coef = axes['objective/kl_coef']
+    assert len(kl_coef.get_lines()) == 1
+    assert list(kl_coef.get_lines()[0].get_ydata()) == pytest.approx([0.15 + 0.001 * i for i in range(30)])
+    assert _legend(kl_coef) == ['each PPO batch (raw)']
+    # A noisy metric: its raw values and their EMA, both named in the legend.
+    score = axes['objective/score (reward model)']
+    assert _legend(score) == ['each PPO batch (raw)', 'EMA 0.1 (smoothed)']
+    assert list(score.get_lines()[0].get_ydata()) == pytest.approx([0.1 * i for i in range(30)])
+    loss = _axes(figures[str(tmp_path / 'train_reward_curves.png')])['reward model loss']
+    assert _legend(loss)[:2] == ['each train minibatch (raw)', 'EMA 0.1 (smoothed)']
+
+
+def _demo_run(save_dir):
+    """A finished demo's save dir: both trainers' stats (with the accuracy on the training labels) and
+    its report."""
+    _policy_run(save_dir)
+    _reward_run(save_dir)
+    with open(save_dir / 'train_reward_stats.jsonl', 'a') as f:
+        f.write(json.dumps({'step': 20, 'eval_train/loss': 1.0, 'eval_train/accuracy': 0.7}) + '\n')
+    (save_dir / 'demo_report.json').write_text(json.dumps(dict(
+        eval_queries=256, rule_initial_mean=2.7, rule_initial_std=1.3, rule_trained_mean=5.0, rule_trained_std=1.4,
+        kl=3.6, rm_heldout_accuracy=0.55, rm_chance_accuracy=0.25, rm_ceiling_accuracy=0.785)))
+
+
+def test_accuracy_panel_shows_training_labels_chance_and_the_demos_ceiling(tmp_path, figures):
+    from lm_human_preferences import demo
+    from lm_human_preferences.demo import commands
+    _demo_run(tmp_path)
+    path = commands.plot_report(demo.EXPERIMENT, str(tmp_path))
+    assert path == str(tmp_path / 'demo_curves.png') and _is_png(Path(path))
+    accuracy = _axes(figures[path])['reward model accuracy']
+    bars = {t.get_text(): p.get_height() for t, p in zip(accuracy.get_xticklabels(), accuracy.patches)}
+    assert bars == {'held-out labels\n(eval/accuracy)': 0.55, 'training labels\n(eval_train/accuracy)': 0.7}
+    assert _legend(accuracy) == ['chance 25%', 'a perfect learner of the rule 78.5%']
+    assert [line.get_ydata()[0] for line in accuracy.get_lines()] == [0.25, 0.785]
+    # No report, no demo figure.
+    assert commands.plot_report(demo.EXPERIMENT, str(tmp_path / 'elsewhere')) is None
+
+
+def _rows_of(fig):
+    """The axes of fig grouped by row (top first), each row left to right."""
+    rows = {}
+    for ax in fig.axes:
+        rows.setdefault(round(ax.get_position().y0, 3), []).append(ax)
+    return [sorted(row, key=lambda ax: ax.get_position().x0) for _, row in sorted(rows.items(), reverse=True)]
+
+
+@pytest.mark.parametrize('n', range(1, 11))
+def test_no_empty_slot(n):
+    panels = [(lambda ax: ax.plot([0, 1]), f'panel {i}') for i in range(n)]
+    fig = plots.figure(panels, title='t')
+    rows = _rows_of(fig)
+    assert [ax.get_title() for row in rows for ax in row] == [f'panel {i}' for i in range(n)]
+    assert all(ax.axison for ax in fig.axes)  # every slot holds a panel: none blank
+    assert max(map(len, rows)) - min(map(len, rows)) <= 1
+    # Every row spans the figure's width: a shorter row's panels are wider.
+    left, right = rows[0][0].get_position().x0, rows[0][-1].get_position().x1
+    for row in rows:
+        assert row[0].get_position().x0 == pytest.approx(left, abs=0.02)
+        assert row[-1].get_position().x1 == pytest.approx(right, abs=0.02)
+
+
+def test_plot_command_draws_the_demos_figure(tmp_path, figures, capsys):
+    """`sample.py plot` on a demo's save dir draws its figures again, demo_curves.png among them, and with
+    --out the same panels as that figure (the demo's rule score included), with no empty slot."""
+    import sample as top_sample
+    from lm_human_preferences.utils import launch
+    _demo_run(tmp_path)
+    launch.main(top_sample.COMMANDS, argv=['plot', '--save_dir', str(tmp_path)])
+    names = ['train_reward_curves.png', 'train_policy_curves.png', 'demo_curves.png']
+    assert capsys.readouterr().out.splitlines() == [str(tmp_path / n) for n in names]
+    demo_titles = [ax.get_title() for row in _rows_of(figures[str(tmp_path / 'demo_curves.png')]) for ax in row]
+    assert len(demo_titles) == 8 and demo_titles[-1] == 'demo: rule score of 256 samples on test queries'
+    out = tmp_path / 'fig.png'
+    launch.main(top_sample.COMMANDS, argv=['plot', '--save_dir', str(tmp_path), '--out', str(out)])
+    fig = figures[str(out)]
+    assert [ax.get_title() for row in _rows_of(fig) for ax in row] == demo_titles
+    assert [len(row) for row in _rows_of(fig)] == [4, 4]
+    # A save dir that is not the demo's: its 7 panels fill two rows, 4 and 3.
+    (tmp_path / 'demo_report.json').unlink()
+    launch.main(top_sample.COMMANDS, argv=['plot', '--save_dir', str(tmp_path), '--out', str(out)])
+    assert [len(row) for row in _rows_of(figures[str(out)])] == [4, 3]

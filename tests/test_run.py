@@ -191,9 +191,10 @@ def test_progress_summary_and_one_line_missing_heads(tmp_path, capsys):
     save_dir = tmp_path / 'run'
     train_policy.train(policy_hparams(save_dir))
     out = capsys.readouterr().out
-    assert '[ppo_step 5] step_time=' in out and '(6/6, ' in out and 'ETA 0s)' in out
+    # [ppo_step N] is the 0-based step, as the stats' step; the count of steps done says 'done'.
+    assert '[ppo_step 5] step_time=' in out and '(6/6 done, ' in out and 'ETA 0s)' in out
     # The first line's time per step is that step's (it once measured from the end of the step: ~0 s).
-    step_time, per_step = map(float, re.search(r'\[ppo_step 0\] step_time=([\d.]+)s, .*\(1/6, ([\d.e-]+) s/step',
+    step_time, per_step = map(float, re.search(r'\[ppo_step 0\] step_time=([\d.]+)s, .*\(1/6 done, ([\d.e-]+) s/step',
                                                out).groups())
     # step_time is printed to 2 decimals (0.02 stands for [0.015, 0.025)): compare with its lowest value
     assert per_step >= 0.9 * (step_time - 0.005), (step_time, per_step)
@@ -363,10 +364,10 @@ def test_reward_progress_and_summary(tmp_path, capsys):
     train_reward.train(hparams)
     out = capsys.readouterr().out
     # normalize_samples 8 over rollout_batch_size 8: one batch, before and after training
-    assert re.search(r'\[normalize sampling 1/1, [\d.]+ s/step, ETA 0s\]', out), out
+    assert re.search(r'\[normalize sampling 1/1 done, [\d.]+ s/step, ETA 0s\]', out), out
     # 16 labels, batch_size 8: 2 steps
-    assert re.search(r'\[reward_step 1/2, [\d.]+ s/step, ETA \d+s\]', out), out
-    assert re.search(r'\[reward_step 2/2, [\d.]+ s/step, ETA 0s\]', out), out
+    assert re.search(r'\[reward_step 1/2 done, [\d.]+ s/step, ETA \d+s\]', out), out
+    assert re.search(r'\[reward_step 2/2 done, [\d.]+ s/step, ETA 0s\]', out), out
     assert re.search(r'\ntrain_reward done: 2 steps in \d+s; loss [\d.]+', out), out
     assert f'  model:        {save_dir}/reward_model/checkpoints/model-2.safetensors' in out
     assert f'  tensorboard:  tensorboard --logdir {save_dir}/tb' in out

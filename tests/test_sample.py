@@ -14,11 +14,9 @@ hparams = None  # the step functions below ignore the model hparams
 
 
 # Returns a policy that deterministically chooses previous token + 1.
-def step(hparams, tokens, past=None, past_tokens=None):
+def step(hparams, tokens, past=None):
     logits = torch.full(tokens.shape + (n_vocab,), -np.inf)
     logits.scatter_(-1, (tokens + 1)[..., None], 0.0)
-    if past is not None:
-        assert torch.equal(past_tokens, past['tokens'])  # past_tokens are the tokens before `tokens`
     seen = tokens if past is None else torch.cat([past['tokens'], tokens], dim=1)
     return {'logits': logits, 'presents': {'tokens': seen}, 'position': torch.full(tokens.shape, float(seen.shape[1]))}
 
@@ -43,7 +41,7 @@ def test_length_and_extras():
 
 def _fixed_step(logits_row):
     """A step whose logits are the same at every position."""
-    def f(hparams, tokens, past=None, past_tokens=None):
+    def f(hparams, tokens, past=None):
         return {'logits': logits_row.expand(tokens.shape + logits_row.shape), 'presents': None}
     return f
 
@@ -192,6 +190,38 @@ def test_decoding_does_not_synchronize_on_cuda(demo_shaped_policy):
     assert syncs[1] == syncs[2], syncs
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA only: CUDA graphs need a GPU (on a CPU the steps run '
+                                                         'eagerly whatever cuda_graph says)')
+@pytest.mark.parametrize('bf16', [False, True])
+def test_cuda_graph_decoding_draws_the_tokens_of_the_eager_loop(demo_shaped_policy, bf16):
+    """The decoding step captured once as a CUDA graph and replayed per token samples exactly the tokens of
+    the eager loop from the same draws, with the same logprobs and values (the same kernels run), padded
+    queries and microbatches included; and the replayed steps dispatch no op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountOps(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+    policy = demo_shaped_policy.cuda()
+    pad = policy.padding_token
+    queries = torch.randint(0, 27, (6, 12), device='cuda')
+    queries[1, 5:] = pad
+    uniforms = torch.rand(6, 30, dtype=torch.float64, device='cuda')
+    ops = {}
+    for cuda_graph in (False, True):
+        with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16, enabled=bf16), CountOps() as counted:
+            out = policy.respond(queries, length=30, uniforms=uniforms, microbatch_size=4, cuda_graph=cuda_graph)
+        ops[cuda_graph] = counted.n
+        eager, graphed = (out, None) if not cuda_graph else (eager, out)
+    assert ops[True] < ops[False] / 3, ops  # 2 warm-up steps and the captured one of 29, in each of 2 loops
+    assert torch.equal(eager['responses'], graphed['responses'])
+    torch.testing.assert_close(graphed['logprobs'], eager['logprobs'], atol=0, rtol=0)
+    torch.testing.assert_close(graphed['values'], eager['values'], atol=0, rtol=0)
+
+
 def test_positions_beyond_n_ctx_are_refused_before_decoding(demo_shaped_policy):
     policy = demo_shaped_policy
     queries = torch.randint(0, 27, (2, 40))  # no pads: 40 + 30 - 1 tokens need positions up to 68 > 63
@@ -202,7 +232,7 @@ def test_positions_beyond_n_ctx_are_refused_before_decoding(demo_shaped_policy):
 def test_a_row_without_finite_logits_is_reported_after_the_loop():
     logits_row = torch.zeros(n_vocab)
 
-    def step_with_nan_row(hparams, tokens, past=None, past_tokens=None):
+    def step_with_nan_row(hparams, tokens, past=None):
         logits = logits_row.expand(tokens.shape + logits_row.shape).clone()
         if past is not None:  # a decoding step: row 1 has no finite logit
             logits[1] = float('nan')

@@ -48,9 +48,12 @@ def run_dir(tmp_path_factory):
 
 
 def parse_samples(out):
-    """[(query, response)] from sample.py's output: each sample is a separator line, query, response."""
+    """[(query, response)] from sample.py's output: each sample is a separator line, `query:    ` and its
+    text, `response: ` and its text."""
     lines = out.splitlines()
-    return [(lines[i + 1], lines[i + 2]) for i, line in enumerate(lines) if line == SEPARATOR]
+    samples = [(lines[i + 1], lines[i + 2]) for i, line in enumerate(lines) if line == SEPARATOR]
+    assert all(q.startswith('query:    ') and r.startswith('response: ') for q, r in samples), samples
+    return [(q[len('query:    '):], r[len('response: '):]) for q, r in samples]
 
 
 def run_sample(*args):
@@ -76,8 +79,22 @@ def test_sampling_is_seeded(run_dir, sample_cli, capsys):
     outs = []
     for _ in range(2):
         sample_cli.sample_policy(save_dir=str(run_dir), seed=5, batch_size=4, nsamples=8)
-        outs.append(parse_samples(capsys.readouterr().out))
+        out = capsys.readouterr().out
+        outs.append(parse_samples(out))
     assert len(outs[0]) == 8 and outs[0] == outs[1]
+    # One line says what is sampled (no HParams repr, no model hparams dump), then the samples.
+    assert out.splitlines()[0] == (f'sample: 8 samples of {run_dir}/policy/checkpoints/model-1.safetensors at '
+                                   f'temperature 1, seed 5, on queries from the test split of test')
+    assert out.splitlines()[1] == SEPARATOR
+
+
+def test_the_header_counts_whole_batches(run_dir, sample_cli, capsys):
+    sample_cli.sample_policy(save_dir=str(run_dir), temperature=0.7, batch_size=4, nsamples=2)
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == (f'sample: 4 samples (--nsamples 2 in whole batches of --batch_size 4) of '
+                                   f'{run_dir}/policy/checkpoints/model-1.safetensors at temperature 0.7, seed '
+                                   f'random, on queries from the test split of test')
+    assert len(parse_samples(out)) == 4
 
 
 @pytest.mark.slow

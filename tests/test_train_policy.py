@@ -166,7 +166,8 @@ def test_reward_training(tmp_path):
 def test_reward_training_needs_the_same_task_and_a_save_dir(tmp_path):
     hparams = hparams_for_test()
     hparams.override_from_dict({**REWARD_TRAINING, 'rewards.train_new_model.task.query_length': 5})
-    with pytest.raises(ValueError, match='train_new_model.task must equal task'):
+    with pytest.raises(ValueError, match=r"^hyperparameter 'rewards.train_new_model.task.query_length' is 5 but "
+                                         r"'task.query_length' is 2: the reward model is trained on the policy's task"):
         train_policy.train(hparams)
     hparams.rewards.train_new_model.task.query_length = 2
     with pytest.raises(ValueError, match='needs run.save_dir'):
@@ -186,9 +187,14 @@ def test_rewards_validate_exactly_one_model():
 def test_validate_minibatch_size_for_whitening():
     hparams = hparams_for_test()
     hparams.ppo.nminibatches = 2  # minibatches of 4 < 8
-    with pytest.raises(ValueError, match='insufficient for whitening'):
+    with pytest.raises(ValueError, match='insufficient for whitening .*: use --ppo.batch_size 16 or more, fewer '
+                                         '--ppo.nminibatches, or --ppo.whiten_rewards false$'):
         hparams.validate()
-    hparams.ppo.whiten_rewards = False
+    hparams.ppo.batch_size = 16  # each suggested fix works
+    hparams.validate()
+    hparams.ppo.batch_size, hparams.ppo.nminibatches = 8, 1
+    hparams.validate()
+    hparams.ppo.nminibatches, hparams.ppo.whiten_rewards = 2, False
     hparams.validate()
 
 
@@ -246,7 +252,7 @@ class FakePolicy(nn.Module):
         return dict(logprobs=logp[responses], entropies=-(logp.exp() * logp).sum().expand(responses.shape),
                     values=self.v * torch.arange(1, length + 1).float().expand(responses.shape))
 
-    def respond(self, queries, length, microbatch_size=None):
+    def respond(self, queries, length, microbatch_size=None, uniforms=None, cuda_graph=False):
         responses = (queries[:, :1] + torch.arange(length)) % self.n_vocab
         return dict(responses=responses, **{k: v for k, v in self.analyze_responses(queries, responses).items()
                                             if k != 'entropies'})
@@ -410,7 +416,6 @@ def test_first_minibatch_ratio_is_one(tmp_path, monkeypatch, bf16, on_cpu):
                                  'run.bf16': bf16})
     trainer.policy, trainer.ref_policy = policy, ref_policy
     trainer.optimizer = train_policy.utils.AdamTF(policy.parameters(), lr=1e-3)
-    trainer.rank_gradients = train_policy.utils.RankGradients(policy.parameters())
     trainer.sample_queries = lambda: torch.randint(0, 27, (64, 32))
 
     sampled, ratios = [], []
@@ -423,7 +428,7 @@ def test_first_minibatch_ratio_is_one(tmp_path, monkeypatch, bf16, on_cpu):
     monkeypatch.setattr(train_policy, 'ppo_loss', recording_ppo_loss)
     old_logprobs = []
     train = trainer.train
-    monkeypatch.setattr(trainer, 'train', lambda rollouts: old_logprobs.append(rollouts[0]['logprobs']) or train(rollouts))
+    monkeypatch.setattr(trainer, 'train', lambda rollouts: old_logprobs.append(rollouts['logprobs']) or train(rollouts))
     trainer.step()
     off = (ratios[0] - 1).abs().max().item()
     sampler_off = (sampled[0]['logprobs'].float() - old_logprobs[0]).abs().max().item()

@@ -1,6 +1,7 @@
-"""train_policy with 2 ranks carried by one process (utils.launch.launch(..., mpi=2)): each rank samples
-its own queries with its own random streams, the stats are averaged over the ranks, and the adaptive KL
-controller moves by the all-ranks KL. Whether one process or two carry the ranks: tests/test_ranks.py."""
+"""train_policy with 2 ranks carried by one process (utils.launch.launch(..., mpi=2)), side by side as the two
+halves of every batch: each rank samples its own queries with its own random streams, the stats are
+averaged over the ranks, and the adaptive KL controller moves by the all-ranks KL. Whether one process or
+two carry the ranks: tests/test_ranks.py."""
 from functools import partial
 
 import numpy as np
@@ -13,13 +14,14 @@ TARGET, HORIZON, BATCH = 0.02, 50, 32
 
 
 def _train(hparams, records):
-    """train_policy.train, recording after every PPOTrainer.step the stats, each rank's own KL, score and
-    queries, and the KL coefficient before and after."""
+    """train_policy.train, recording after every PPOTrainer.step the stats, each rank's own KL and score (its
+    half of the rows), and the KL coefficient before and after."""
     step, record_step_stats = train_policy.PPOTrainer.step, train_policy.PPOTrainer.record_step_stats
 
     def recording_record_step_stats(self, *, data, **kwargs):
-        self.local = [dict(kl=(d['logprobs'] - d['ref_logprobs']).sum(1).mean().item(),
-                           score=d['scores'].mean().item()) for d in data]
+        halves = [slice(0, BATCH // 2), slice(BATCH // 2, BATCH)]
+        self.local = [dict(kl=(data['logprobs'][h] - data['ref_logprobs'][h]).sum(1).mean().item(),
+                           score=data['scores'][h].mean().item()) for h in halves]
         return record_step_stats(self, data=data, **kwargs)
 
     def recording_step(self):
@@ -57,11 +59,12 @@ def test_two_ranks_sample_apart_and_average(monkeypatch):
     monkeypatch.setattr(train_policy.PPOTrainer, 'rollout', recording_rollout)
     records = []
     launch.launch('ranks', partial(_train, hparams, records), mpi=2, procs=1)
-    assert len(records) == 3 and len(queries) == 6
+    assert len(records) == 3 and len(queries) == 3  # one rollout a step, for both ranks
 
     for step, r in enumerate(records):
         # Each rank trained on its own queries (its shard of the `test` stream, from its own `random`).
-        assert not torch.equal(queries[2 * step], queries[2 * step + 1])
+        assert queries[step].shape[0] == BATCH
+        assert not torch.equal(queries[step][:BATCH // 2], queries[step][BATCH // 2:])
         assert r['local'][0] != r['local'][1]
         # The stats are the average over the ranks.
         stats = r['stats']

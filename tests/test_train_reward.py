@@ -203,7 +203,7 @@ def _batches(*values):
 
 def test_stats_pools_batches_with_population_std():
     trainer = _trainer(StubRewardModel())
-    mean, std = trainer.stats([_batches([1, 2, 3, 4], [5, 6])])  # one rank's batches
+    mean, std = trainer.stats(_batches([1, 2, 3, 4], [5, 6]))  # one rank: its batches
     # 1..6: mean 3.5, population variance 35/12.
     assert mean == pytest.approx(3.5, abs=1e-12)
     assert std == pytest.approx(math.sqrt(35 / 12), abs=1e-12)
@@ -243,12 +243,26 @@ def test_normalize_resets_then_hits_the_target_exactly_on_its_samples():
     with torch.no_grad():
         stub.real.reward_gain.fill_(3.0)
         stub.real.reward_bias.fill_(-7.0)
-    result = trainer.normalize(lambda n: [samples], 0.5, 2.0)  # one rank's samples
+    result = trainer.normalize(lambda n: samples, 0.5, 2.0)  # one rank: its batches of samples
     assert result['before'] == (pytest.approx(3.5), pytest.approx(math.sqrt(35 / 12)))
     assert stub.real.reward_gain.item() == pytest.approx(2.0 / math.sqrt(35 / 12), rel=1e-6)
     assert stub.real.reward_bias.item() == pytest.approx(0.5 - 3.5 * 2.0 / math.sqrt(35 / 12), rel=1e-6)
     # The debug check (same samples here) sees exactly the target.
     assert result['after'] == (pytest.approx(0.5, abs=1e-5), pytest.approx(2.0, abs=1e-5))
+
+
+@pytest.mark.parametrize('debug_normalize', [0, 6])
+def test_normalize_lines(debug_normalize, capsys):
+    """The original's three lines, to 4 significant digits (it printed 17); without debug_normalize, the
+    'after normalize' line (the original printed none) says it is the target by construction, not measured."""
+    trainer = _trainer(StubRewardModel(), normalize_samples=6, debug_normalize=debug_normalize)
+    samples = _batches([1, 2, 3], [4, 5, 6])  # mean 3.5, std sqrt(35 / 12) = 1.7078251...
+    capsys.readouterr()
+    trainer.normalize(lambda n: samples, 0.5, 2.0)  # one rank: its batches of samples
+    after = ('after normalize: 0.5 +- 2 (measured on new samples: debug_normalize 6)' if debug_normalize else
+             'after normalize: 0.5 +- 2 on those samples, by construction (not measured: debug_normalize N '
+             'measures it on N new samples)')
+    assert capsys.readouterr().out.splitlines() == ['targets: 0.5 +- 2', 'before normalize: 3.5 +- 1.708', after]
 
 
 # ---- label files ----
@@ -452,9 +466,12 @@ def test_bf16_rewards_close_to_fp32():
         fp32 = model.get_rewards(queries, responses)
         with core.autocast(True):
             bf16 = model.get_rewards(queries, responses)
-            # autocast did act: the attention keys come from a bf16 matmul
-            present = model.model(torch.cat([queries, responses], 1), padding_token=PAD)['present']
-            assert present.keys[0].dtype == torch.bfloat16
+            # autocast did act: the attention keys come from a bf16 matmul (the cache keeps them in fp32,
+            # the attention's dtype, so they are exactly bf16 values)
+            keys = model.model(torch.cat([queries, responses], 1), padding_token=PAD)['present'].keys[0]
+            assert keys.dtype == torch.float32 and torch.equal(keys, keys.bfloat16().float())
+        assert not torch.equal(model.model(queries, padding_token=PAD)['present'].keys[0].bfloat16().float(),
+                               model.model(queries, padding_token=PAD)['present'].keys[0])  # fp32 keys are not
     assert bf16.dtype == torch.float32  # rewards (head, gain, bias) stay fp32
     diff = (bf16 - fp32).abs()
     assert 0 < diff.mean() <= 0.02 and diff.max() <= 0.25

@@ -104,13 +104,30 @@ CASES = [
      "ppo.nminibatches 1 minibatches: choose a multiple of 3 (or another --mpi)"),
     ('train_policy', ['--mpi', '8'],
      'Per-rank minibatch size 4 is insufficient for whitening (ppo.batch_size / (ppo.nminibatches * --mpi 8 ranks) '
-     'must be >= 8)'),
+     'must be >= 8): use --ppo.batch_size 64 or more, --mpi 4, or --ppo.whiten_rewards false'),
     ('train_policy', ['--mpi', '-1'], '--mpi -1: the number of ranks must be at least 1'),
     ('train_policy', ['--mpi', '8', '--procs', '3'],
      '--procs 3 must divide --mpi 8 (each process carries the same number of ranks): choose --procs from [1, 2, 4, 8]'),
     ('train_policy', ['--rewards.train_new_model.labels.type', 'pairs'],
      "hyperparameter 'rewards.train_new_model.labels.type': unknown label type 'pairs': expected best_of_<N> (N >= 2), "
      "scalar_rating or scalar_compare"),
+    # A starting model that is none of the kinds accepted: one line before any download, listing them.
+    ('train_policy', ['--task.policy.initial_model', 'gpt 2'],
+     "hyperparameter 'task.policy.initial_model': model 'gpt 2' is none of: 124M, 355M, 774M, 1558M (OpenAI's "
+     "GPT-2, downloaded), test, a model dir (ours, or an original TF one, or its https URL), a Hugging Face GPT-2 "
+     "folder or hub name (e.g. gpt2, openai-community/gpt2)"),
+    ('train_policy', ['--task.policy.initial_model', '/no/such/model'],
+     "hyperparameter 'task.policy.initial_model': model directory /no/such/model does not exist"),
+    # The reward model trained first must learn on the policy's task: a real mismatch is one line (it once ran
+    # the launch, then stopped with two 300-character reprs).
+    ('train_policy', ['--rewards.train_new_model.task.policy.temperature', '0.5'],
+     "hyperparameter 'rewards.train_new_model.task.policy.temperature' is 0.5 but 'task.policy.temperature' is 1.0: "
+     "the reward model is trained on the policy's task, they must be equal (--task.policy.temperature alone sets both)"),
+    ('train_policy', ['--task.query_length', '4', '--rewards.train_new_model.task.query_length', '3',
+                      '--rewards.train_new_model.task.start_text', 'a'],
+     "hyperparameter 'rewards.train_new_model.task.query_length' is 3 but 'task.query_length' is 4: the reward "
+     "model is trained on the policy's task, they must be equal (--task.query_length alone sets both) "
+     "(also differing: start_text)"),
 ]
 
 
@@ -149,12 +166,89 @@ def test_bad_hparams_are_one_line_at_launch(command, argv, message, save_dir_wit
     ['--ppo.gamma', '1', '--ppo.lam', '0', '--ppo.cliprange', '1e-3', '--ppo.cliprange_value', '100'],
     [*ADAPTIVE_KL, '--rewards.kl_coef', '1e-3', '--rewards.adaptive_kl.horizon', '7'],  # 7 > 32 / 5
     ['--task.query_length', '5'],  # 5 + 3 = 8 = n_ctx
+    # Each fix the whitening error for --mpi 8 suggests (above) runs.
+    ['--mpi', '8', '--ppo.batch_size', '64'], ['--mpi', '4'], ['--mpi', '8', '--ppo.whiten_rewards', 'false'],
 ])
 def test_hparams_at_the_edges_are_accepted(argv, tmp_path, capsys, monkeypatch):
     built = []
     monkeypatch.setattr(launch, 'launch', lambda *a, **k: built.append(a))
     launch.main(COMMANDS, argv=['train_policy', 'test', 'x', *argv, '--save_dir', str(tmp_path)])
     assert capsys.readouterr().err == '' and len(built) == 1
+
+
+@pytest.fixture
+def test_model_dir(tmp_path):
+    """One of our model dirs: the test model's shape with n_ctx 16 (the test model's is 8)."""
+    from lm_human_preferences.language import checkpoints, encodings, model, trained_models
+    hparams = trained_models.test_hparams()
+    hparams.n_ctx = 16
+    checkpoints.save_checkpoint(str(tmp_path / 'model'), 0, model.Model(hparams), hparams=hparams,
+                                encoding=encodings.Test)
+    return tmp_path / 'model'
+
+
+@pytest.mark.parametrize('argv, field, value', [
+    (['--task.policy.temperature', '0.7'], 'policy.temperature', 0.7),
+    (['--task.query_length', '3'], 'query_length', 3),
+    (['--task.policy.initial_model', 'MODEL_DIR', '--task.query_length', '12'], 'policy.initial_model', 'MODEL_DIR'),
+])
+def test_task_overrides_apply_to_both_phases(argv, field, value, test_model_dir, tmp_path, capsys, monkeypatch):
+    """`--task.X` on train_policy sets the task of the reward model trained first too, as the experiments bind
+    it for both (all three once failed in train: 'rewards.train_new_model.task must equal task: ...')."""
+    from lm_human_preferences import train_policy
+    built = []
+    monkeypatch.setattr(launch, 'launch', lambda name, f, **k: built.append(f.args[0]))
+    argv = [str(test_model_dir) if a == 'MODEL_DIR' else a for a in argv]
+    value = str(test_model_dir) if value == 'MODEL_DIR' else value
+    launch.main(COMMANDS, argv=['train_policy', 'test', 'x', *argv, '--save_dir', str(tmp_path)])
+    assert capsys.readouterr().err == ''
+    hparams, = built
+    policy_task, reward_task = hparams.task.to_nested_dict(), hparams.rewards.train_new_model.task.to_nested_dict()
+    assert policy_task == reward_task
+    *groups, leaf = field.split('.')
+    for g in groups:
+        policy_task = policy_task[g]
+    assert policy_task[leaf] == value
+    train_policy.check_reward_task(hparams)  # what train() checks first
+
+    # Not with the reward model trained elsewhere: then there is no second task to set.
+    built.clear()
+    launch.main(COMMANDS, argv=['train_policy', 'test', 'y', *argv, '--rewards.train_new_model', 'off',
+                                '--rewards.trained_model', 'test', '--save_dir', str(tmp_path)])
+    assert built[0].rewards.train_new_model is None and capsys.readouterr().err == ''
+
+
+def test_dry_run_shows_both_phases_save_dirs_ranks_and_one_binding_per_line(tmp_path, capsys):
+    launch.main(COMMANDS, argv=['train_policy', 'test', 'x', '--task.policy.temperature', '0.7', '--dry_run',
+                                '--save_dir', str(tmp_path), '--mpi', '2', '--ppo.batch_size', '64'])
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == 'x: 2 ranks (--mpi 2) in 1 process (--procs 1); --dry_run: nothing runs'
+    assert lines[1:5] == ['save dirs, and what the trainer derives from them:',
+                          f'  rewards.train_new_model.run.save_dir: {tmp_path / "x"}',
+                          f'  rewards.trained_model: {tmp_path / "x" / "reward_model"}',
+                          f'  run.save_dir: {tmp_path / "x"}']
+    for line in ["  task.policy.temperature: 0.7  # command line",
+                 "  rewards.train_new_model.task.policy.temperature: 0.7  # command line",
+                 "  ppo.batch_size: 64  # command line", "  ppo.noptepochs: 1  # experiment",
+                 "  task.query_dataset: 'test'  # experiment", "  ppo.lr: 5e-06", "  rewards.adaptive_kl: None"]:
+        assert line in lines
+    assert max(map(len, lines)) < 120  # one binding per line (the bindings' dict was one line of 1,494)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_a_task_override_runs_through_both_phases(tmp_path):
+    """The issue's first command: exit 0, and both phases saved the overridden task."""
+    import json
+    proc = subprocess.run([sys.executable, 'launch.py', 'train_policy', 'test', 'qd', '--task.policy.temperature', '0.7',
+                           '--save_dir', str(tmp_path)], cwd=REPO_ROOT, capture_output=True, text=True, env=env(),
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    saved = {kind: json.loads((tmp_path / 'qd' / f'{kind}_hparams.json').read_text())
+             for kind in ('train_policy', 'train_reward')}
+    assert saved['train_policy']['task']['policy']['temperature'] == 0.7
+    assert saved['train_reward']['task'] == saved['train_policy']['task']
 
 
 @pytest.mark.parametrize('command', sorted(COMMANDS))

@@ -30,7 +30,7 @@ EXPERIMENT = commands.OfflineExperiment(
     pretrain=commands.PretrainHParams(n_layer=2, n_embd=128, n_head=4, n_ctx=64, steps=400, batch_size=32, lr=3e-3),
     labeler=commands.Labeler(name='rule', description=f"the rule: prefer the response with the most letters "
                                                       f"'{RULE_LETTER}'",
-                             score_name='rule score', score=rule_score),
+                             score_name='rule score', score=rule_score, title='the rule'),
     # The model is so small that per-operation overhead dominates: a second thread gains ~1.4x on an idle
     # 2-core machine, but when other processes share the cores, OpenMP's spin-waiting threads made every
     # step 5-20x slower in our measurements. One thread is never far off.

@@ -69,11 +69,13 @@ class PretrainHParams:
 class Labeler:
     """A program in the human labelers' seat: score(text) of each response; the best of N is a highest
     score. `name` prefixes the report's keys ('<name>_initial_mean', ...); `description` is the line the
-    report prints; `score_name` names the score in the report and its figure."""
+    report prints; `score_name` names the score in the report and its figure; `title` names the labeler in
+    a sentence ('a perfect learner of <title>')."""
     name: str
     description: str
     score_name: str
     score: Callable[[str], float]
+    title: str
 
     def scores(self, responses, encoder):
         """Scores [b] (float64: a score's ties stay exact) of response token ids [b, n], decoded (the
@@ -295,11 +297,15 @@ def labeler_ceiling(labeler: Labeler, records, encoder):
     return float(np.mean(inverse_ties))
 
 
-def resolve_initial_model(exp: OfflineExperiment, task):
+def resolve_initial_model(exp: OfflineExperiment, *tasks):
     """task.policy.initial_model <name> names the experiment's pretrained model, made once
-    (ensure_pretrained): the trainers get its directory. Collective."""
-    if task.policy.initial_model == exp.name:
-        task.policy.initial_model = ensure_pretrained(exp)
+    (ensure_pretrained): the trainers get its directory. All the tasks of a run at once, so that it is
+    checked (and reported) once. Collective."""
+    named = [task for task in tasks if task.policy.initial_model == exp.name]
+    if named:
+        model = ensure_pretrained(exp)
+        for task in named:
+            task.policy.initial_model = model
 
 
 def prepare_reward_training(exp: OfflineExperiment, hparams: train_reward_module.HParams, save_dir):
@@ -381,12 +387,16 @@ def score_report(labeler: Labeler, before, after):
 
 
 def reward_report(save_dir, *, ceiling, num_responses):
-    """The reward model part of the report, from <save_dir>/train_reward_stats.jsonl ({} before any eval)."""
-    evals = [r for r in read_stats(os.path.join(save_dir, 'train_reward_stats.jsonl')) if 'eval/accuracy' in r]
+    """The reward model part of the report, from <save_dir>/train_reward_stats.jsonl ({} before any eval):
+    its accuracy on the held-out labels, on its training labels (eval_train_labels) when measured."""
+    rows = read_stats(os.path.join(save_dir, 'train_reward_stats.jsonl'))
+    evals = [r for r in rows if 'eval/accuracy' in r]
     if not evals:
         return {}
+    train_evals = [r for r in rows if 'eval_train/accuracy' in r]
     return dict(rm_heldout_accuracy=evals[-1]['eval/accuracy'], rm_chance_accuracy=1 / num_responses,
-                rm_ceiling_accuracy=ceiling)
+                rm_ceiling_accuracy=ceiling,
+                rm_train_accuracy=train_evals[-1]['eval_train/accuracy'] if train_evals else None)
 
 
 def policy_report(save_dir, hparams):
@@ -420,9 +430,11 @@ def format_report(exp: OfflineExperiment, report):
         lines.append(f"objective/score (reward model): {report['score_start']:+.2f} -> {report['score_end']:+.2f}")
     if 'rm_heldout_accuracy' in report:
         ceiling = report.get('rm_ceiling_accuracy')
-        ceiling = f', a perfect learner of the labeler: {100 * ceiling:.1f}%' if ceiling else ''
+        ceiling = f', a perfect learner of {labeler.title}: {100 * ceiling:.1f}%' if ceiling else ''
+        train = report.get('rm_train_accuracy')
+        train = f'; on its training labels: {100 * train:.1f}%' if train is not None else ''
         lines.append(f"reward model held-out accuracy: {100 * report['rm_heldout_accuracy']:.1f}% "
-                     f"(chance {100 * report['rm_chance_accuracy']:.0f}%{ceiling})")
+                     f"(chance {100 * report['rm_chance_accuracy']:.0f}%{ceiling}){train}")
     for name, examples in report.get('examples', {}).items():
         lines.append(f'samples of the {name} policy (query | response):')
         lines.extend(f'  {q} | {r}' for q, r in examples)
@@ -457,18 +469,38 @@ def score_panel(exp: OfflineExperiment, report):
     return draw, f"{exp.name}: {exp.labeler.score_name} of {report['eval_queries']} samples on test queries"
 
 
+def report_file(exp: OfflineExperiment, save_dir):
+    return os.path.join(save_dir, f'{exp.name}_report.json')
+
+
+def plot_report(exp: OfflineExperiment, save_dir, out=None, *, title=None):
+    """The experiment's figure of a save dir holding its report: every learning curve, the labeler's score
+    of samples before and after PPO, and on the reward model's accuracy the best a perfect learner of the
+    labeler can reach; at out (default <save_dir>/<name>_curves.png, which the README shows from static/).
+    `python sample.py plot` draws it again. Returns its path, or None when save_dir holds no report."""
+    path = report_file(exp, save_dir)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        report = json.load(f)
+    extra = [score_panel(exp, report)] if f'{exp.labeler.name}_initial_mean' in report else []
+    ceiling = report.get('rm_ceiling_accuracy')
+    references = dict(accuracy=[(ceiling, f'a perfect learner of {exp.labeler.title} {100 * ceiling:.1f}%',
+                                 'C1', ':')]) if ceiling else None
+    command = 'train_policy' if 'kl' in report else 'train_reward'
+    return plots.plot_combined(
+        save_dir, out or os.path.join(save_dir, f'{exp.name}_curves.png'), extra_panels=extra, references=references,
+        title=title or f'python launch.py {command} {exp.name} {os.path.basename(os.path.normpath(save_dir))}')
+
+
 def _finish(exp: OfflineExperiment, report, save_dir):
-    """Print the report and, in the save dir, write it and one figure of every curve and the labeler's
-    score (<save_dir>/<name>_report.json, <name>_curves.png)."""
+    """Print the report and, in the save dir, write it (<save_dir>/<name>_report.json) and its figure
+    (plot_report)."""
     if utils.is_root():
         print(format_report(exp, report))
         if save_dir:
-            with open(os.path.join(save_dir, f'{exp.name}_report.json'), 'w') as f:
-                json.dump(report, f, indent=2)
-            extra = [score_panel(exp, report)] if f'{exp.labeler.name}_initial_mean' in report else []
-            path = plots.plot_combined(save_dir, os.path.join(save_dir, f'{exp.name}_curves.png'), extra_panels=extra,
-                                       title=f'python launch.py train_policy {exp.name} {os.path.basename(save_dir)}')
-            print(f'{exp.name}: all curves in {path}')
+            files.atomic_write(report_file(exp, save_dir), json.dumps(report, indent=2).encode())
+            print(f'{exp.name}: all curves in {plot_report(exp, save_dir)}')
     return report
 
 
@@ -549,9 +581,7 @@ def _train_policy(exp, hparams):
     reward_hparams = hparams.rewards.train_new_model
     ceiling = None
     with phases('initial model'):
-        resolve_initial_model(exp, hparams.task)
-        if reward_hparams is not None:
-            resolve_initial_model(exp, reward_hparams.task)
+        resolve_initial_model(exp, hparams.task, *([reward_hparams.task] if reward_hparams is not None else []))
     if reward_hparams is not None:
         with phases('labels'):
             ceiling = prepare_reward_training(exp, reward_hparams, save_dir)

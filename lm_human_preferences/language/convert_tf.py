@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from lm_human_preferences.language import checkpoints, model
+from lm_human_preferences.utils import extras
 
 # Optimizer slots (the original's AdamOptimizer named 'adam'; TF's default name is 'Adam') and counters.
 _SKIPPED = re.compile(r'(.*/)?(Adam|Adam_1|adam|adam_1|beta1_power(_\d+)?|beta2_power(_\d+)?|global_step|train_step)$')
@@ -166,7 +167,8 @@ def convert_tf_checkpoint(src, dst, *, scope=None):
     # notice ignores the log level: only turning oneDNN off stops it, which changes no value (conversion runs no op).
     os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
     os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
-    import tensorflow as tf  # only here: nothing but conversion needs TensorFlow
+    # Only here: nothing but conversion needs TensorFlow (the `tf` extra).
+    tf = extras.require('tensorflow', extra='tf', needed_for=f'converting the TensorFlow checkpoint {prefix}')
     with _unreadable_checkpoint_errors(tf, prefix):
         variables = tf.train.list_variables(prefix)
     if scope is None:

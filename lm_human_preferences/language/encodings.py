@@ -108,12 +108,16 @@ class Encoding:
         self.eot_token = eot_token
         self.n_vocab = n_vocab
 
+    def bpe_files(self):
+        """Ours: the paths of this BPE encoding's encoder.json and vocab.bpe (GPT-2's vocabulary and merges,
+        shipped in GPT2_BPE_DIR: the Hugging Face import compares a tokenizer with them, the export writes them)."""
+        return os.path.join(GPT2_BPE_DIR, 'encoder.json'), os.path.join(GPT2_BPE_DIR, 'vocab.bpe')
+
     def get_encoder(self):
         if self.name == 'test':
             assert len(TestEncoder.vocab) == self.n_vocab
             return TestEncoder()
-        enc = _tiktoken_main(os.path.join(GPT2_BPE_DIR, 'encoder.json'), os.path.join(GPT2_BPE_DIR, 'vocab.bpe'),
-                             self.n_vocab, self.eot_token)
+        enc = _tiktoken_main(*self.bpe_files(), self.n_vocab, self.eot_token)
         return MainEncoder(enc, eot_token=self.eot_token)
 
 

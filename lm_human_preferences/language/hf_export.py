@@ -10,15 +10,25 @@ logits as our Model (to float rounding) on unpadded input; it holds
     <name>_head.safetensors      each scalar head, `w` [n_embd] and `b` []: `value` for a policy,
                                  `reward` for a reward model (with its normalization `gain` and `bias`:
                                  reward = gain * (h[-1] @ w + b) + bias, h after ln_f)
+    tokenizer.json,              our encoding as a `tokenizers` tokenizer, for AutoTokenizer: `main` is
+    tokenizer_config.json        GPT-2's BPE (its vocabulary and merges) with <|endoftext|> as bos, eos,
+                                 unk and pad (GPT-2 has no pad token; as eos, transformers' generate
+                                 never takes it for padding inside a prompt); `test` is one token per
+                                 character 'a'..'z', '.' (0..26; any other character is '.', as ours),
+                                 with the pad token <pad> = 27, outside the model's 27 tokens: no
+                                 character of a prompt is taken for padding ('.' would be: it is
+                                 every word break). Padding side: left, for generate.
+    generation_config.json       sampling as our policy samples: from the whole distribution (top_k 0,
+                                 not transformers' 50), and with the run's task: its temperature and
+                                 response length (max_new_tokens)
     lmhp_export.json             the source checkpoint, our encoding's name and the heads
-No tokenizer is written: the `main` encoding is GPT-2's (transformers' GPT2Tokenizer with GPT-2's
-encoder.json / vocab.bpe), the `test` encoding maps 'a'..'z', '.' to 0..26.
 
-Writing needs no transformers: config.json is plain JSON and the weights are safetensors. Our weight
-layouts are already GPT-2's: a Conv1x1 `w` is [nx, nf] like transformers' Conv1D `weight`. Two
-numerical differences remain, both below 1e-5 on logits of a small model: our layer norm computes the
-variance as E[x^2] - E[x]^2 (the original's formula; torch's LayerNorm subtracts the mean first), and
-the attention kernels differ. Padding differs in kind: our Model takes a padding token (pads sit
+Writing needs no transformers: the configs are plain JSON, the weights safetensors, the tokenizer
+`tokenizers`'. Our generate-free sampler never stops early; transformers' generate stops a `main`
+model's sample at <|endoftext|>. Our weight
+layouts are already GPT-2's: a Conv1x1 `w` is [nx, nf] like transformers' Conv1D `weight`. The
+numbers differ only where the kernels do (attention, matmul blocking): below 1e-5 on logits of a small
+model (tests/test_hf_import.py). Padding differs in kind: our Model takes a padding token (pads sit
 mid-sequence, positions skip them), transformers takes an attention_mask.
 """
 
@@ -26,18 +36,43 @@ import json
 import os
 import re
 
-from lm_human_preferences.language import checkpoints, trained_models
+from lm_human_preferences.language import checkpoints, encodings, trained_models
 from lm_human_preferences.utils import files
 
-# Our parameter names (without the `model.` prefix) -> GPT2LMHeadModel's.
-_RENAMES = [
-    (re.compile(r'(wte|wpe)'), r'transformer.\1.weight'),
-    (re.compile(r'(h\.\d+\.ln_[12]|ln_f)\.g'), r'transformer.\1.weight'),
-    (re.compile(r'(h\.\d+\.ln_[12]|ln_f)\.b'), r'transformer.\1.bias'),
-    (re.compile(r'(h\.\d+\.(?:attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj))\.w'), r'transformer.\1.weight'),
-    (re.compile(r'(h\.\d+\.(?:attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj))\.b'), r'transformer.\1.bias'),
+# Our parameter names (without the `model.` prefix) and GPT2LMHeadModel's, one table both ways (export
+# here, import in hf_import.py): (module path, our parameter, transformers' parameter); wte and wpe are
+# parameters themselves in our Model, nn.Embedding modules there.
+_LAYER_NORM = r'h\.\d+\.ln_[12]|ln_f'
+_CONV = r'h\.\d+\.(?:attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)'
+_PARAMETERS = [
+    (r'wte|wpe', '', 'weight'),
+    (_LAYER_NORM, 'g', 'weight'),
+    (_LAYER_NORM, 'b', 'bias'),
+    (_CONV, 'w', 'weight'),
+    (_CONV, 'b', 'bias'),
 ]
 _HEAD = re.compile(r'heads\.(\w+)\.([wb])')
+
+
+def hf_name(ours):
+    """GPT2LMHeadModel's name for our parameter (without `model.`), or None:
+    'h.0.ln_1.g' -> 'transformer.h.0.ln_1.weight'."""
+    for path, our_param, hf_param in _PARAMETERS:
+        m = re.fullmatch(f'({path})' + (re.escape('.' + our_param) if our_param else ''), ours)
+        if m:
+            return f'transformer.{m.group(1)}.{hf_param}'
+    return None
+
+
+def our_name(theirs):
+    """Our name (without `model.`) for a GPT2LMHeadModel parameter, or None; also takes GPT2Model's names
+    (no `transformer.`), as the hub's own gpt2 files have them."""
+    theirs = theirs[len('transformer.'):] if theirs.startswith('transformer.') else theirs
+    for path, our_param, hf_param in _PARAMETERS:
+        m = re.fullmatch(f'({path})' + re.escape('.' + hf_param), theirs)
+        if m:
+            return f'{m.group(1)}.{our_param}' if our_param else m.group(1)
+    return None
 
 
 def gpt2_config(hparams, encoding):
@@ -62,11 +97,16 @@ def gpt2_config(hparams, encoding):
         tie_word_embeddings=True,
         use_cache=True,
     )
-    # GPT-2's <|endoftext|> for the main encoding, as GPT-2's own config; explicitly none otherwise
-    # (GPT2Config would default to 50256). Our sampler never stops early, so neither must generate.
-    eot = encoding.eot_token if encoding.name == 'main' else None
-    config.update(bos_token_id=eot, eos_token_id=eot)
+    config.update(gpt2_config_special_tokens(encoding))
     return config
+
+
+def gpt2_config_special_tokens(encoding):
+    """The special token ids of config.json and generation_config.json: GPT-2's <|endoftext|> for the
+    main encoding, as GPT-2's own config (and its tokenizer's pad token here); explicitly none otherwise
+    (GPT2Config would default to 50256): a `test` model never stops early, as our sampler."""
+    eot = encoding.eot_token if encoding.name == 'main' else None
+    return dict(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot)
 
 
 def convert_state(state):
@@ -84,19 +124,37 @@ def convert_state(state):
         if head:
             heads.setdefault(head.group(1), {})[head.group(2)] = value
             continue
-        for pattern, replacement in _RENAMES:
-            if pattern.fullmatch(name):
-                transformer[pattern.sub(replacement, name)] = value
-                break
-        else:
+        theirs = hf_name(name)
+        if theirs is None:
             raise ValueError(f"cannot export variable '{key}': no GPT-2 counterpart")
+        transformer[theirs] = value
     for name, tensors in heads.items():
         if set(tensors) & {'w', 'b'} != {'w', 'b'}:
             raise ValueError(f"scalar head '{name}' needs both w and b, got {sorted(tensors)}")
     return transformer, heads
 
 
-def _check_shapes(transformer, hparams, source):
+def state_from_hf(transformer, heads):
+    """The inverse of convert_state: (GPT2LMHeadModel tensors, heads) -> our checkpoint state."""
+    state = {}
+    for key, value in transformer.items():
+        ours = our_name(key)
+        if ours is None:
+            raise ValueError(f"cannot convert variable '{key}': no counterpart in our GPT-2")
+        state['model.' + ours] = value
+    for name, tensors in heads.items():
+        if not {'w', 'b'} <= set(tensors):
+            raise ValueError(f"scalar head '{name}' needs both w and b, got {sorted(tensors)}")
+        for param in ('w', 'b'):
+            state[f'model.heads.{name}.{param}'] = tensors[param]
+        for param in ('gain', 'bias'):  # a reward head's normalization
+            if param in tensors:
+                state[f'reward_norm.{param}'] = tensors[param]
+    return state
+
+
+def check_shapes(transformer, hparams, source, *, hparams_file='hparams.json'):
+    """That the GPT2LMHeadModel tensors are those of a model with these hparams (read from hparams_file)."""
     e = hparams.n_embd
     expected = {'transformer.wte.weight': (hparams.n_vocab, e), 'transformer.wpe.weight': (hparams.n_ctx, e),
                 'transformer.ln_f.weight': (e,), 'transformer.ln_f.bias': (e,)}
@@ -111,25 +169,64 @@ def _check_shapes(transformer, hparams, source):
         })
     for name, shape in expected.items():
         if name not in transformer:
-            raise ValueError(f'{source} lacks {name} (its hparams.json says {hparams.n_layer} layers)')
+            raise ValueError(f'{source} lacks {name} (its {hparams_file} says {hparams.n_layer} layers)')
         if tuple(transformer[name].shape) != shape:
-            raise ValueError(f'{source}: {name} has shape {list(transformer[name].shape)}, hparams.json '
+            raise ValueError(f'{source}: {name} has shape {list(transformer[name].shape)}, {hparams_file} '
                              f'implies {list(shape)}')
     extra = sorted(set(transformer) - set(expected))
     if extra:
-        raise ValueError(f'{source} has {extra[0]}, which its hparams.json ({hparams.n_layer} layers) does not')
+        raise ValueError(f'{source} has {extra[0]}, which its {hparams_file} ({hparams.n_layer} layers) does not')
 
 
-def export(model_dir, out_dir, *, scope=None):
+TEST_PAD_TOKEN = '<pad>'
+
+
+def tokenizer_files(encoding, hparams):
+    """{file name: content} of the tokenizer of our encoding, for AutoTokenizer (see the module's docstring)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    if encoding.name == 'main':
+        encoder_json, vocab_bpe = encoding.bpe_files()
+        tokenizer = Tokenizer(models.BPE.from_file(encoder_json, vocab_bpe))
+        # GPT-2's byte-level pre-tokenizer: its regex is the original's (encodings._PAT_STR).
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+        eot = '<|endoftext|>'
+        tokenizer.add_special_tokens([eot])  # already in the vocabulary (50256): marked special
+        special = dict(bos_token=eot, eos_token=eot, unk_token=eot, pad_token=eot)
+    elif encoding.name == 'test':
+        tokenizer = Tokenizer(models.WordLevel(encoding.get_encoder().encoder, unk_token='.'))
+        tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r'[\s\S]'), behavior='isolated')  # each character
+        tokenizer.decoder = decoders.Fuse()  # joined without spaces
+        tokenizer.add_special_tokens([TEST_PAD_TOKEN])  # id 27
+        special = dict(pad_token=TEST_PAD_TOKEN)
+    else:
+        raise ValueError(f'no tokenizer for the encoding {encoding.name!r}')
+    config = dict(tokenizer_class='PreTrainedTokenizerFast', model_max_length=hparams.n_ctx, padding_side='left',
+                  clean_up_tokenization_spaces=False, **special)
+    return {'tokenizer.json': tokenizer.to_str(pretty=True), 'tokenizer_config.json': json.dumps(config, indent=2)}
+
+
+def generation_config(encoding, task=None):
+    """generation_config.json: generate samples as our policy does (see the module's docstring)."""
+    config = gpt2_config_special_tokens(encoding)
+    config.update(do_sample=True, top_k=0, top_p=1.0)
+    if task is not None:
+        config.update(temperature=task.policy.temperature, max_new_tokens=task.response_length)
+    return config
+
+
+def export(model_dir, out_dir, *, scope=None, task=None):
     """Export the latest checkpoint of model_dir (one of ours, or an original TF one, converted first)
-    to out_dir. Returns the list of files written."""
+    to out_dir, with its tokenizer; task: the run's TaskHParams, for the sampling defaults. Returns the
+    list of files written."""
     from safetensors.torch import save
 
     m = trained_models.TrainedModel(model_dir, savedir=model_dir, scope=scope)
     source = m.checkpoint()
     hparams = m.hparams()
     transformer, heads = convert_state(checkpoints.load_checkpoint(source))
-    _check_shapes(transformer, hparams, source)
+    check_shapes(transformer, hparams, source)
 
     os.makedirs(out_dir, exist_ok=True)
     # safetensors metadata format=pt: transformers refuses safetensors files without it.
@@ -139,7 +236,33 @@ def export(model_dir, out_dir, *, scope=None):
     for name, tensors in sorted(heads.items()):
         written.append(os.path.join(out_dir, f'{name}_head.safetensors'))
         files.atomic_write(written[-1], save(tensors, metadata={'format': 'pt'}))
+    tokenizer = tokenizer_files(m.encoding, hparams)
+    tokenizer['generation_config.json'] = json.dumps(generation_config(m.encoding, task), indent=2)
+    for name, text in tokenizer.items():
+        written.append(os.path.join(out_dir, name))
+        files.atomic_write(written[-1], (text + '\n').encode())
     info = dict(source=os.path.abspath(source), encoding=m.encoding.name, heads=sorted(heads))
     written.append(os.path.join(out_dir, 'lmhp_export.json'))
     files.atomic_write(written[-1], (json.dumps(info, indent=2) + '\n').encode())
     return written
+
+
+def usage(out_dir):
+    """How to load and sample the export in out_dir with transformers (sample.py export prints it)."""
+    with open(os.path.join(out_dir, 'lmhp_export.json')) as f:
+        encoding = encodings.get(json.load(f)['encoding'])
+    if encoding.name == 'test':
+        # The pad token is outside the model's vocabulary: pads must not reach its embedding (as TRL does).
+        generate = ("model.generate(input_ids=batch.input_ids.masked_fill(batch.attention_mask == 0, 0), "
+                    "attention_mask=batch.attention_mask)")
+        note = f"{TEST_PAD_TOKEN} pads, outside the model's {encoding.n_vocab} tokens: masked_fill keeps it out"
+    else:
+        generate = 'model.generate(**batch)'
+        note = '<|endoftext|> is eos and pad, as for GPT-2'
+    return [f'use it with transformers (generate samples as the policy does: generation_config.json; {note}):',
+            '  from transformers import AutoTokenizer, GPT2LMHeadModel',
+            f'  tokenizer = AutoTokenizer.from_pretrained({out_dir!r})',
+            f'  model = GPT2LMHeadModel.from_pretrained({out_dir!r})',
+            "  batch = tokenizer(['a query', 'another query'], return_tensors='pt', padding=True)",
+            f'  print(tokenizer.batch_decode({generate}[:, batch.input_ids.shape[1]:]))']
+

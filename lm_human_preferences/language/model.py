@@ -9,8 +9,15 @@ layouts, except that the 1x1-convolution weights lose their leading axis of size
 
 so converting a TF checkpoint (language/convert_tf.py) is a rename plus a squeeze.
 
-Shapes in comments: b = batch, s = new tokens in this call, p = tokens already in the KV cache,
-t = p + s, e = n_embd, nh = n_head, d = e // nh.
+Ours, for speed on a GPU, where every op dispatched costs some microseconds whatever its size: a block is
+about a dozen ops (one fused layer norm, one matmul with its bias per projection, SDPA, GELU, the residual
+adds), the blocks work on rows of tokens [b*s, e] so that no reshape is needed between projections, and the
+attention mask is built once per call for all layers. The KV cache is preallocated with all its bookkeeping
+on the device, so that a decoding step has fixed shapes and reads nothing on the host: a CUDA graph can
+capture it (language/sample.py).
+
+Shapes in comments: b = batch, s = new tokens in this call, c = the KV cache's capacity (positions),
+e = n_embd, nh = n_head, d = e // nh.
 """
 
 import math
@@ -21,7 +28,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import hyperparams
 
 
@@ -52,14 +58,11 @@ def gelu(x):
 def norm(x, g, b, *, epsilon=1e-5):
     """Normalize to mean = 0, std = 1, then do a diagonal affine transform.
 
-    The variance is computed as the original computes it, E[x^2] - E[x]^2 (F.layer_norm subtracts the
-    mean first, which rounds differently).
+    Ours: F.layer_norm, one fused op where the original's formula is eleven. It computes the variance as
+    E[(x - E[x])^2]; the original computed E[x^2] - E[x]^2, which rounds differently in fp32 (a few 1e-7
+    relative; tests/test_parity.py holds at its 1e-5 against the original's equations in float64).
     """
-    s = torch.mean(torch.square(x), dim=-1, keepdim=True)
-    u = torch.mean(x, dim=-1, keepdim=True)
-    s = s - torch.square(u)
-    x = (x - u) * torch.rsqrt(s + epsilon)
-    return x * g + b
+    return F.layer_norm(x, x.shape[-1:], g, b, epsilon)
 
 
 def attention_mask(nd, ns, *, device=None):
@@ -68,6 +71,11 @@ def attention_mask(nd, ns, *, device=None):
     i = torch.arange(nd, device=device)[:, None]
     j = torch.arange(ns, device=device)
     return i >= j - ns + nd
+
+
+# The original's masked-out attention logit: w * b - 1e10 * (1 - b). Added to the scores of masked keys, it
+# leaves exp(score - max) exactly 0 in fp32, as the original's product did.
+MASKED = -1e10
 
 
 class LayerNorm(nn.Module):
@@ -89,50 +97,57 @@ class Conv1x1(nn.Module):
         self.b = nn.Parameter(torch.zeros(nf))
 
     def forward(self, x):
-        # F.linear (not `x @ w + b`) so that bf16 autocast casts the bias too and keeps bf16 outputs.
-        w = self.w.t()  # [nf, nx], a view
-        if torch.is_autocast_enabled(x.device.type):
-            # Autocast would copy w to bf16 anyway, keeping the view's strides, and CPUs without native
-            # bf16 (AVX2) then take a matmul path 17x slower than for a contiguous [nf, nx] weight (c_attn
-            # at 576 rows: 1.8 s against 0.1 s). This is the same one copy, made contiguous.
-            w = w.to(torch.get_autocast_dtype(x.device.type), memory_format=torch.contiguous_format)
-        return F.linear(x, w, self.b)
+        # x [n, nx] -> [n, nf]: one op on the TF layout (x @ w + b is addmm's own form), no transpose.
+        return torch.addmm(self.b, x, self.w)
 
 
 class KVCache:
-    """Keys and values of every layer for the first `length` positions (the original's `past`).
+    """Keys and values of every layer for the positions seen so far (the original's `past`), in buffers
+    preallocated for `capacity` positions, written in place.
 
-    The original returned only this call's keys/values (`present`) and its sampler concatenated them
-    onto `past` every step, copying the whole cache per token. Here `present` is the cache itself:
-    per-layer buffers with room to grow (doubling), into which new positions are written in place when
-    gradients are off, so a decoding step costs no copy of the context. Extending one cache twice
-    reuses the same storage: only the latest extension is valid. With gradients on (never needed by
-    the trainers) buffers are extended by concatenation, which autograd can track.
+    The original returned only each call's keys and values (`present`) and its sampler concatenated them
+    onto `past` every step, copying the whole cache per token, and took the past tokens again (past_tokens)
+    to find the pads in it. Here `present` is the cache itself, and it keeps, on the device, everything a
+    later call needs: which positions hold a real token, how many real tokens there are (the next position
+    id) and how many positions are written (where the next keys go). A call that extends it therefore has
+    fixed shapes and reads nothing on the host. Extending one cache twice overwrites the first extension.
     """
 
-    def __init__(self, keys: List[torch.Tensor], values: List[torch.Tensor], length: int):
-        self.keys = keys  # n_layer x [b, nh, capacity, d]; positions >= length are unused
-        self.values = values
-        self.length = length
+    def __init__(self, keys: List[torch.Tensor], values: List[torch.Tensor], real, n_real, length):
+        self.keys = keys      # n_layer x [b, nh, c, d] fp32 (attention is fp32); unwritten positions are 0
+        self.values = values  # n_layer x [b, nh, c, d]
+        self.real = real      # [b, c] bool: True where a real token's keys are (False: a pad, or not written)
+        self.n_real = n_real  # [b] long: real tokens so far, the position id of the next one
+        self.length = length  # [1] long: positions written, where the next call's keys go
+
+    @property
+    def capacity(self):
+        return self.real.shape[1]
 
     @classmethod
-    def from_stacked(cls, past):
-        """From the original's layout past_shape(): [b, n_layer, 2 (k, v), nh, p, d]."""
-        return cls(list(past[:, :, 0].unbind(1)), list(past[:, :, 1].unbind(1)), past.shape[-2])
+    def empty(cls, hparams: HParams, batch, capacity, *, device):
+        d = hparams.n_embd // hparams.n_head
+        # Zeros, not empty: a masked key's score must be finite (0 * -1e10 terms), its value 0 (weight 0).
+        buffers = [torch.zeros(batch, hparams.n_head, capacity, d, device=device) for _ in range(2 * hparams.n_layer)]
+        return cls(buffers[0::2], buffers[1::2], torch.zeros(batch, capacity, dtype=torch.bool, device=device),
+                   torch.zeros(batch, dtype=torch.long, device=device), torch.zeros(1, dtype=torch.long, device=device))
 
-
-def _extend(buf, length, new):
-    """Write new [b, nh, s, d] at positions [length, length + s) of buf [b, nh, capacity, d]; return
-    a buffer (buf itself when it has room) whose first length + s positions are valid."""
-    end = length + new.shape[2]
-    if torch.is_grad_enabled():
-        return torch.cat([buf[:, :, :length], new], dim=2)
-    if end > buf.shape[2]:
-        grown = buf.new_empty(buf.shape[:2] + (max(end, 2 * buf.shape[2]),) + buf.shape[3:])
-        grown[:, :, :length] = buf[:, :, :length]
-        buf = grown
-    buf[:, :, length:end] = new
-    return buf
+    @classmethod
+    def from_stacked(cls, past, *, past_tokens=None, padding_token=None, room=0):
+        """From the original's layout past_shape(): [b, n_layer, 2 (k, v), nh, p, d], with room for `room`
+        more positions. past_tokens: the tokens of those p positions, whose pads (padding_token) are then
+        never attended to (the original passed them with every call)."""
+        b, n_layer, _, nh, p, d = past.shape
+        hparams = HParams(n_vocab=1, n_embd=nh * d, n_head=nh, n_layer=n_layer)
+        cache = cls.empty(hparams, b, p + room, device=past.device)
+        for layer in range(n_layer):
+            cache.keys[layer][:, :, :p] = past[:, layer, 0]
+            cache.values[layer][:, :, :p] = past[:, layer, 1]
+        real = torch.ones(b, p, dtype=torch.bool, device=past.device) if past_tokens is None else past_tokens != padding_token
+        cache.real[:, :p] = real
+        cache.n_real += real.sum(dim=1)
+        cache.length += p
+        return cache
 
 
 class Attention(nn.Module):
@@ -145,28 +160,26 @@ class Attention(nn.Module):
         self.c_attn = Conv1x1(n_state, 3 * n_state, w_init_stdev=1 / math.sqrt(n_state))
         self.c_proj = Conv1x1(n_state, n_state, w_init_stdev=1 / math.sqrt(n_state * hparams.n_layer))
 
-    def forward(self, x, *, past, past_length, mask):
-        # x [b, s, e]; past: (keys, values) buffers [b, nh, >=p, d] or None; mask: bool [b, 1, s, t] or None
-        b, s, e = x.shape
-        q, k, v = self.c_attn(x).split(e, dim=2)  # each [b, s, e]
-        q, k, v = (t.view(b, s, self.n_head, e // self.n_head).transpose(1, 2) for t in (q, k, v))  # [b, nh, s, d]
-        if past is not None:
-            k = _extend(past[0], past_length, k)  # [b, nh, >=t, d]
-            v = _extend(past[1], past_length, v)
-        present = (k, v)
-        t = past_length + s
-        k, v = k[:, :, :t], v[:, :, :t]  # [b, nh, t, d]
-
-        # The original computes attention in fp32 whatever the activations' dtype (it casts q, k, v),
-        # so autocast is switched off here. SDPA with a boolean mask equals the original's
-        # softmax(w*b - 1e10*(1-b)) with w = q k^T / sqrt(d): exp(-1e10 - max) is exactly 0 in fp32.
+    def forward(self, x, *, batch, cache, write_at, attend_cache, bias):
+        """x [b*s, e]. cache: this layer's (keys, values) buffers [b, nh, c, d] or None; this call's keys
+        and values are written at positions write_at [s] of it. attend_cache: attend over the whole cache
+        (a call that extends one) instead of this call's keys only. bias: [b, 1, s, s or c] additive mask
+        (0 or MASKED), None for plain causal attention."""
+        rows, e = x.shape
+        s = rows // batch
+        # The original computes attention in fp32 whatever the activations' dtype (it casts q, k, v): one cast
+        # of all three (a no-op in fp32), and autocast switched off. SDPA with the additive mask is the
+        # original's softmax(w*b - 1e10*(1-b)), w = q k^T / sqrt(d).
+        qkv = self.c_attn(x).float().view(batch, s, 3, self.n_head, e // self.n_head)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [b, nh, s, d] each
         with torch.autocast(device_type=x.device.type, enabled=False):
-            if mask is None and past is None:
-                a = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
-            else:
-                a = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
-        a = a.to(q.dtype).transpose(1, 2).reshape(b, s, e)  # [b, s, e]
-        return self.c_proj(a), present
+            if cache is not None:
+                cache[0].index_copy_(2, write_at, k)
+                cache[1].index_copy_(2, write_at, v)
+                if attend_cache:
+                    k, v = cache  # [b, nh, c, d]
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=bias is None)
+        return self.c_proj(a.transpose(1, 2).reshape(rows, e))  # [b*s, e]
 
 
 class MLP(nn.Module):
@@ -188,11 +201,9 @@ class Block(nn.Module):
         self.ln_2 = LayerNorm(hparams.n_embd)
         self.mlp = MLP(hparams)
 
-    def forward(self, x, *, past, past_length, mask):
-        a, present = self.attn(self.ln_1(x), past=past, past_length=past_length, mask=mask)
-        x = x + a
-        m = self.mlp(self.ln_2(x))
-        return x + m, present
+    def forward(self, x, **attention):
+        x = x + self.attn(self.ln_1(x), **attention)
+        return x + self.mlp(self.ln_2(x))
 
 
 class ScalarHead(nn.Module):
@@ -204,7 +215,7 @@ class ScalarHead(nn.Module):
         self.b = nn.Parameter(torch.zeros(()))
 
     def forward(self, h):
-        return h @ self.w + self.b
+        return torch.addmv(self.b, h, self.w)  # h [n, e] -> [n]
 
 
 class Model(nn.Module):
@@ -222,96 +233,118 @@ class Model(nn.Module):
         self.heads = nn.ModuleDict({
             name: ScalarHead(hparams.n_embd, w_init_stdev=0 if name == 'value' else 1 / math.sqrt(hparams.n_embd + 1))
             for name in self.scalar_heads})
+        # Ours: made once, sliced by every call (not part of the state dict).
+        self.register_buffer('position_ids', torch.arange(hparams.n_ctx), persistent=False)
+        self.register_buffer('causal', attention_mask(hparams.n_ctx, hparams.n_ctx), persistent=False)
 
-    def forward(self, X, past: Optional[KVCache] = None, past_tokens=None, padding_token=None,
-                output_positions=slice(None), lm_logits=True, return_present=True, check_inputs=True):
-        """X: token ids [b, s]. past: the `present` of an earlier call on the preceding tokens.
-        past_tokens: those preceding tokens [b, p] (needed with padding_token, to mask pads in past).
+    def forward(self, X, past: Optional[KVCache] = None, padding_token=None, output_positions=slice(None),
+                lm_logits=True, return_present=True, room=0, check_inputs=True):
+        """X: token ids [b, s]. past: the `present` of an earlier call on the preceding tokens, which this
+        call extends in place (it must have room for s more positions).
         output_positions: the positions (a slice of the s new ones) that get logits and head outputs.
         lm_logits: False skips the n_vocab projection (a reward model reads only its head; TF's graph
         pruning skipped the unused logits the same way).
-        return_present: False drops the keys and values as soon as each layer is done with them, for
-        callers that will not extend the sequence (they hold every layer's c_attn output: 0.6 GB for a
-        reward model's forward at batch 64, which TF's pruning also never kept).
-        check_inputs: False skips the two checks that read token values on the host (positions beyond
-        n_ctx with padding, rows starting with a pad): each would make a decoding step wait for the
-        device. Policy.respond checks its contexts once before its loop instead.
+        return_present: False keeps no KV cache, for callers that will not extend the sequence (a cache is
+        every layer's keys and values: 0.6 GB for a reward model's forward at batch 64, which TF's pruning
+        also never kept). room: positions the returned cache keeps free for later calls (without past).
+        check_inputs: False skips the checks that read values on the host (positions beyond n_ctx or the
+        cache's room, rows starting with a pad): each would make a decoding step wait for the device.
+        Policy.respond checks its contexts once before its loop instead.
 
-        Returns lm_logits [b, o, n_vocab] fp32 (unless lm_logits=False), present (a KVCache of all t tokens,
-        unless return_present=False), h [b, s, e] and
+        Returns lm_logits [b, o, n_vocab] fp32 (unless lm_logits=False), present (the KVCache, unless
+        return_present=False and past is None), h [b, o, e] (the final hidden states the outputs read) and
         one [b, o] fp32 entry per scalar head, o being the number of output_positions (all s by default).
         """
         hp = self.hparams
         batch, sequence = X.shape
-        past_length = 0 if past is None else past.length
         if past is not None and len(past.keys) != hp.n_layer:
             raise ValueError(f'past has {len(past.keys)} layers, the model has {hp.n_layer}')
 
         # Padding: pads are embedded as token 0, masked out as attention keys, do not count as
         # positions, and take the final hidden state of the last real token before them.
-        mask = None  # [b, t] True for real tokens
+        real = None  # [b, s] True for real tokens
         if padding_token is not None:
-            mask = X != padding_token
-            X = torch.where(mask, X, torch.zeros_like(X))
-            if past is not None:
-                if past_tokens is None:
-                    raise ValueError('padding_token requires past_tokens')
-                if past_tokens.shape != (batch, past_length):
-                    raise ValueError(f'past_tokens has shape {tuple(past_tokens.shape)}, '
-                                     f'expected {(batch, past_length)} to match past')
-                mask = torch.cat([past_tokens != padding_token, mask], dim=1)
+            real = X != padding_token
+            X = X * real
+        # exclusive cumulative count of real tokens (after the cache's, if any)
+        positions = self._arange(sequence) if real is None else torch.cumsum(real, dim=1) - real.long()  # [s] or [b, s]
+        if past is not None:
+            positions = past.n_real[:, None] + positions  # [b, s]
+        if check_inputs:
+            self._check_inputs(past, real, positions, sequence, padding_token)
+        h = (F.embedding(X, self.wte) + F.embedding(positions, self.wpe)).view(batch * sequence, hp.n_embd)
 
-        if mask is None:
-            positions = past_length + torch.arange(sequence, device=X.device)[None, :]  # [1, s]
-        else:
-            # exclusive cumulative count of real tokens over past + current, sliced to the new ones
-            positions = (torch.cumsum(mask, dim=1) - mask.long())[:, past_length:]  # [b, s]
-        if past_length + sequence > hp.n_ctx and (mask is None or (check_inputs and int(positions.max()) >= hp.n_ctx)):
-            raise ValueError(f'{past_length + sequence} tokens need positions beyond n_ctx = {hp.n_ctx}')
-        h = F.embedding(X, self.wte) + F.embedding(positions, self.wpe)  # [b, s, e]
+        # The KV cache: the one this call extends, or a new one for its keys and values and `room` more.
+        cache = past
+        if past is None and return_present:
+            cache = KVCache.empty(hp, batch, sequence + room, device=X.device)
+        write_at = None
+        if cache is not None:
+            write_at = cache.length if sequence == 1 else cache.length + self._arange(sequence)  # [s]
+            cache.real.index_copy_(1, write_at, torch.ones_like(X, dtype=torch.bool) if real is None else real)
+            cache.n_real += sequence if real is None else real.sum(dim=1)
 
-        # Attention mask [b, 1, s, t]: causal, and pads are never attended to. Without pads and past,
-        # SDPA's is_causal is used instead; with one new token and no pads every key is visible.
-        attn_mask = None
-        if mask is not None:
-            attn_mask = attention_mask(sequence, past_length + sequence, device=X.device)[None, None] \
-                & mask[:, None, None, :]
-        elif past is not None and sequence > 1:
-            attn_mask = attention_mask(sequence, past_length + sequence, device=X.device)[None, None]
+        # Attention mask, additive [b, 1, s, keys], made once for every layer: causal, and pads are never
+        # attended to. Extending a cache, the keys are all its positions, of which the unwritten ones are not
+        # real; then a single new token may see every real one. Without pads and cache, SDPA's is_causal.
+        visible = None
+        if past is not None:
+            visible = past.real[:, None, None, :]  # [b, 1, 1, c]
+            if sequence > 1:
+                visible = visible & (self._arange(past.capacity) <= write_at[:, None])  # [b, 1, s, c]
+        elif real is not None:
+            causal = self.causal[:sequence, :sequence] if sequence <= hp.n_ctx else attention_mask(sequence, sequence, device=X.device)
+            visible = causal & real[:, None, None, :]  # [b, 1, s, s]
+        bias = None if visible is None else torch.where(visible, 0.0, MASKED)
 
         # Transformer
-        keys, values = [], []
         for layer, block in enumerate(self.h):
-            layer_past = None if past is None else (past.keys[layer], past.values[layer])
-            h, (k, v) = block(h, past=layer_past, past_length=past_length, mask=attn_mask)
-            if return_present:
-                keys.append(k)
-                values.append(v)
-        results = dict(present=KVCache(keys, values, past_length + sequence)) if return_present else {}
+            h = block(h, batch=batch, cache=None if cache is None else (cache.keys[layer], cache.values[layer]),
+                      write_at=write_at, attend_cache=past is not None, bias=bias)
+        results = {}
+        if cache is not None:
+            cache.length += sequence  # after the layers: write_at may be cache.length itself
+            results['present'] = cache
 
-        h = self.ln_f(h)
-        if mask is not None:
-            # For non-present tokens, use the output from the last present token instead.
-            present_indices = torch.where(mask[:, past_length:], torch.arange(sequence, device=X.device), -1)
-            use_indices = utils.cumulative_max(present_indices)  # [b, s]
-            if check_inputs and bool((use_indices[:, 0] < 0).any()):
-                rows = torch.nonzero(use_indices[:, 0] < 0).flatten().tolist()
-                raise ValueError(f'rows {rows} of X start with the padding token {padding_token}: a pad takes the '
-                                 f'hidden state of an earlier real token of the same call, so X[:, 0] must be real')
-            h = utils.index_each(h, use_indices)
-        results['h'] = h
+        h = self.ln_f(h).view(batch, sequence, hp.n_embd)
+        if real is not None and sequence > 1:
+            # For non-present tokens, use the output from the last present token instead (only at the
+            # positions read). A single new token has no earlier one in this call: it is its own.
+            last_real = torch.cummax(real * self._arange(sequence), dim=1).values[:, output_positions]  # [b, o]
+            h = h.gather(1, last_real[:, :, None].expand(-1, -1, hp.n_embd))
+        else:
+            h = h[:, output_positions]
+        results['h'] = h  # [b, o, e]
 
         # Output layer and heads in fp32 even under bf16 autocast: bf16 would round logits of size ~100
         # to steps of 0.5.
         with torch.autocast(device_type=h.device.type, enabled=False):
             # Only the positions the caller uses: the original computed the logits everywhere and sliced
             # them afterwards (same numbers), but the n_vocab projection is a large share of the FLOPs.
-            # contiguous(): F.linear on a strided slice falls back to a batched matmul against an expanded
-            # wte, 1.5-3.5x slower on CPU than one [b*o, e] x [e, n_vocab] matmul.
-            h = h[:, output_positions].float().contiguous()
+            # contiguous(): a matmul on a strided slice falls back to a batched matmul, 1.5-3.5x slower on CPU.
+            outputs = h.shape[1]
+            h = h.float().contiguous().view(batch * outputs, hp.n_embd)
             if lm_logits:
                 # Language model logits: the output embedding is wte (tied), no bias.
-                results['lm_logits'] = F.linear(h, self.wte)  # [b, o, n_vocab]
+                results['lm_logits'] = F.linear(h, self.wte).view(batch, outputs, hp.n_vocab)
             for name, head in self.heads.items():
-                results[name] = head(h)  # [b, o]
+                results[name] = head(h).view(batch, outputs)
         return results
+
+    def _arange(self, n):
+        """arange(n) on the model's device, sliced from a buffer made once (more than n_ctx tokens can come
+        with pads, which take no position)."""
+        return self.position_ids[:n] if n <= len(self.position_ids) else torch.arange(n, device=self.position_ids.device)
+
+    def _check_inputs(self, past, real, positions, sequence, padding_token):
+        """The checks that read values on the host (see forward's check_inputs)."""
+        hp = self.hparams
+        length = 0 if past is None else int(past.length)
+        if past is not None and length + sequence > past.capacity:
+            raise ValueError(f'past has room for {past.capacity - length} more positions, not {sequence}')
+        if length + sequence > hp.n_ctx and (real is None or int(positions.max()) >= hp.n_ctx):
+            raise ValueError(f'{length + sequence} tokens need positions beyond n_ctx = {hp.n_ctx}')
+        if real is not None and not bool(real[:, 0].all()):
+            rows = torch.nonzero(~real[:, 0]).flatten().tolist()
+            raise ValueError(f'rows {rows} of X start with the padding token {padding_token}: a pad takes the '
+                             f'hidden state of an earlier real token of the same call, so X[:, 0] must be real')

@@ -5,22 +5,44 @@ import torch
 from lm_human_preferences.utils import core as utils
 
 
+def draw_uniforms(batch_size, length, *, generator=None, device=None):
+    """The uniform draws of sampling `length` tokens for each of batch_size rows, [b, length] float64.
+
+    Ours: drawn before the decoding loop, so that the loop draws nothing (a CUDA graph can replay it, and
+    the ranks a process carries side by side each draw theirs from their own stream). Column i holds the
+    batch that the original's step i drew, in the same order: on a CPU the same numbers as drawing one
+    batch per step from the same stream."""
+    return torch.rand(length, batch_size, dtype=torch.float64, device=device, generator=generator).t()
+
+
+def queries_and_draws(queries, length):
+    """(queries, their draw_uniforms for `length` tokens, drawn from the global stream): what a rank samples
+    from, made in its section (core.side_by_side)."""
+    return queries, draw_uniforms(len(queries), length, device=queries.device)
+
+
 @torch.no_grad()
 def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_k=0, top_p=1.0,
-                    extra_outputs=(), generator=None):
+                    extra_outputs=(), generator=None, uniforms=None, cuda_graph=False):
     """
     Sampling from an autoregressive sequence model.
 
     Inputs:
-        step: A function which takes model hparams, a tokens tensor, past and past_tokens, and
-            returns a dictionary with 'logits' [b, s, n_vocab], 'presents' (passed back as past), and
-            any extra outputs [b, s]. It is called once on the context, then once per new token without
-            reading values on the host (Policy.respond skips the model's input checks there).
+        step: A function which takes model hparams, a tokens tensor and past, and returns a dictionary
+            with 'logits' [b, s, n_vocab], 'presents' (passed back as past), and any extra outputs [b, s].
+            It is called once on the context, then once per new token on the last token [b, 1]. (The
+            original also passed the tokens before it, past_tokens, to mask their pads; our KV cache keeps
+            which of its positions are pads: see language/model.py.)
         context: Includes start tokens, [b, c].
         length: number of tokens to sample (always exactly this many: the original's `cond` is unused).
         extra_outputs: keys of step's outputs to collect, e.g. ('values',). (The original took a map
             from key to dtype; the dtype comes from the tensors here.)
-        generator: optional torch.Generator for reproducible sampling.
+        uniforms: [b, length] float64 uniforms, the draw of each sampled token (draw_uniforms); by
+            default drawn from `generator` (a torch.Generator, or the global stream) before the loop.
+        cuda_graph: ours, on CUDA: capture one decoding step as a CUDA graph and replay it for each later
+            token (the original's tf.while_loop was a graph too), which dispatches one graph per token
+            instead of hundreds of kernels. step must then extend `past` in place and return tensors of
+            the same shapes each call (Policy.respond's step does).
     Returns:
         A dict with 'tokens' [b, c + length] (context then samples), 'presents', 'logprobs'
         [b, length] and one [b, length] entry per extra output: entry i is the output at the position
@@ -29,6 +51,8 @@ def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_
     if length < 1:
         raise ValueError(f'sample_sequence: length must be >= 1, got {length}')
     batch_size, context_length = context.shape
+    if uniforms is None:
+        uniforms = draw_uniforms(batch_size, length, generator=generator, device=context.device)
 
     beta = 1 / max(temperature, 1e-10)
 
@@ -40,38 +64,76 @@ def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_
     first_output_logits = beta * logits
     # Ours: nothing in the loop reads a value on the host, so the device never waits for it; whether
     # every row had a finite logit at every step is checked once, after the loop.
-    first_outputs, has_finite = utils.sample_from_logits_unchecked(first_output_logits, generator=generator)  # [b]
+    first_outputs, has_finite = utils.sample_from_logits_unchecked(first_output_logits, uniform=uniforms[:, 0])  # [b]
     first_logprobs = utils.logprobs_from_logits(logits=first_output_logits, labels=first_outputs)  # [b]
 
-    # Preallocated outputs (the original concatenated onto them every step).
-    tokens = torch.empty(batch_size, context_length + length, dtype=context.dtype, device=context.device)
-    tokens[:, :context_length] = context
-    tokens[:, context_length] = first_outputs
-    logprobs = torch.empty(batch_size, length, dtype=torch.float32, device=context.device)
+    # The loop's variables (the original's while_loop variables), of fixed shapes and written in place:
+    # the original concatenated onto them every step. `index` is the token sampled next, a tensor so that
+    # one step (and one captured graph) serves every index.
+    responses = first_outputs.new_empty(batch_size, length)
+    responses[:, 0] = first_outputs
+    logprobs = first_logprobs.new_empty(batch_size, length)
     logprobs[:, 0] = first_logprobs
     extras = {}
     for k in extra_outputs:
         extras[k] = context_output[k].new_empty(batch_size, length)
         extras[k][:, 0] = context_output[k][:, -1]
-
-    # Then one token per step, from the cache.
+    prev = first_outputs[:, None].clone()  # [b, 1]
     past = context_output['presents']
-    for i in range(1, length):
-        n = context_length + i  # tokens so far
-        next_outputs = step(model_hparams, tokens[:, n - 1:n], past=past, past_tokens=tokens[:, :n - 1])
+    index = torch.ones(1, dtype=torch.long, device=context.device)
+
+    def body():
+        nonlocal past
+        next_outputs = step(model_hparams, prev, past=past)
         logits = next_outputs['logits'].float() * beta  # [b, 1, n_vocab]
         if top_k != 0:
             logits = utils.take_top_k_logits(logits, top_k)
         if top_p != 1.0:
             logits = utils.take_top_p_logits(logits, top_p)
-        next_sample, next_has_finite = utils.sample_from_logits_unchecked(logits, generator=generator)  # [b, 1]
-        has_finite &= next_has_finite[:, 0]
+        next_sample, next_has_finite = utils.sample_from_logits_unchecked(
+            logits, uniform=uniforms.index_select(1, index))  # [b, 1]
+        has_finite.logical_and_(next_has_finite[:, 0])
         next_logprob = utils.logprobs_from_logits(logits=logits, labels=next_sample)  # [b, 1]
         past = next_outputs['presents']
-        tokens[:, n] = next_sample[:, 0]
-        logprobs[:, i] = next_logprob[:, 0]
+        prev.copy_(next_sample)
+        responses.index_copy_(1, index, next_sample)
+        logprobs.index_copy_(1, index, next_logprob)
         for k in extra_outputs:
-            extras[k][:, i] = next_outputs[k][:, 0]
+            extras[k].index_copy_(1, index, next_outputs[k])
+        index.add_(1)
+
+    # Then one token per step, from the cache.
+    run_steps = _replay_as_cuda_graph if cuda_graph and context.device.type == 'cuda' else _run_eagerly
+    run_steps(body, length - 1)
 
     utils.check_rows_have_finite_logits(has_finite)
-    return dict(tokens=tokens, presents=past, logprobs=logprobs, **extras)
+    return dict(tokens=torch.cat([context, responses], dim=1), presents=past, logprobs=logprobs, **extras)
+
+
+def _run_eagerly(body, steps):
+    for _ in range(steps):
+        body()
+
+
+# Steps run eagerly before the capture, on a side stream: CUDA graphs need the libraries' lazy setup (cuBLAS
+# workspaces, autocast's weight casts) done before they record.
+_CUDA_GRAPH_WARMUP_STEPS = 2
+
+
+def _replay_as_cuda_graph(body, steps):
+    """Run body() `steps` times: a few eagerly, then once captured as a CUDA graph (recording, not running
+    it) and replayed for each remaining step."""
+    warmup = min(_CUDA_GRAPH_WARMUP_STEPS, steps)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            body()
+    torch.cuda.current_stream().wait_stream(side)
+    if steps == warmup:
+        return
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    for _ in range(steps - warmup):
+        graph.replay()

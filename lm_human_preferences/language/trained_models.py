@@ -3,7 +3,8 @@
 A model is named as in the original: 'test' (tiny, randomly initialised), a GPT-2 release ('124M',
 downloaded from OpenAI's public bucket and converted once into saved_models_dir()/<name>), or a
 directory holding either one of our checkpoints (language/checkpoints.py) or an original TF
-checkpoint (converted on first use into a cache dir under saved_models_dir()/converted).
+checkpoint (converted on first use into a cache dir under saved_models_dir()/converted). Ours: also a
+Hugging Face GPT-2, a local folder or a hub name (language/hf_import.py), converted once likewise.
 """
 
 import contextlib
@@ -14,7 +15,7 @@ import os
 import re
 
 
-from lm_human_preferences.language import checkpoints, convert_tf, encodings, model
+from lm_human_preferences.language import checkpoints, convert_tf, encodings, hf_import, model
 from lm_human_preferences.utils import core, gcs
 
 GPT2_MODELS_URL = 'https://openaipublic.blob.core.windows.net/gpt-2/models'
@@ -37,13 +38,20 @@ class TrainedModel():
         else:
             # The original's default savedir was gs://gpt-2/models/<name>; a name that is a path is a
             # local model dir, and an https URL is an original TF run dir (e.g. OpenAI's released
-            # runs/descriptiveness/reward_model), downloaded once.
-            self.savedir = savedir if savedir else (name if _is_path(name) or gcs.is_url(name) else None)
-            if self.savedir is not None and gcs.is_url(self.savedir):
+            # runs/descriptiveness/reward_model), downloaded once; ours, a hub name is a Hugging Face model.
+            if savedir:
+                source = 'url' if gcs.is_url(savedir) else 'dir'
+            else:
+                source = model_source(name)
+            self.savedir = savedir or (None if source == 'release' else name)
+            if source == 'url':
                 self.savedir = download_tf_model_dir(self.savedir)
-            if self.savedir is not None and not os.path.isdir(self.savedir):
-                raise FileNotFoundError(f'model directory {self.savedir} ' + (
-                    'is a file, not a directory' if os.path.exists(self.savedir) else 'does not exist'))
+            elif source == 'hub':
+                self.savedir = hf_import.download(name)
+            if self.savedir is not None:
+                _check_dir(self.savedir)
+            if self.savedir is not None and hf_import.is_hf_folder(self.savedir):
+                self.savedir = convert_hf_folder(self.savedir, label=name if source == 'hub' else None)
             # The original always used Main for non-test models; we honour the dir's `encoding` file.
             self.encoding = checkpoints.read_encoding(self.savedir) if self.savedir else encodings.Main
         self._hparams = None
@@ -81,12 +89,8 @@ class TrainedModel():
         # Converted once per checkpoint: the cache key is the checkpoint's path, its mtime and the scope.
         index = prefix + '.index'
         key = f'{os.path.realpath(prefix)}|{os.stat(index).st_mtime_ns}|{self.scope}'
-        dst = os.path.join(gcs.saved_models_dir(), 'converted',
-                           f'{os.path.basename(os.path.normpath(self.savedir))}-{hashlib.sha1(key.encode()).hexdigest()[:16]}')
-        with _file_lock(dst + '.lock'):
-            if checkpoints.latest_checkpoint(dst) is None:
-                print(f'converting {prefix} -> {dst}')
-                convert_tf.convert_tf_checkpoint(prefix, dst, scope=self.scope)
+        dst = _convert_once(prefix, os.path.basename(os.path.normpath(self.savedir)), key,
+                            lambda dst: convert_tf.convert_tf_checkpoint(prefix, dst, scope=self.scope))
         return checkpoints.latest_checkpoint(dst)
 
     def hparams(self):
@@ -124,8 +128,56 @@ class TrainedModel():
         return fresh
 
 
-def _is_path(name):
-    return (os.sep in name or name.startswith('.') or os.path.isdir(name)) and not gcs.is_url(name)
+def _check_dir(path):
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f'model directory {path} ' + (
+            'is a file, not a directory' if os.path.exists(path) else 'does not exist'))
+
+
+def _convert_once(source, label, key, convert):
+    """Our model dir converted from source by convert(dst), once: saved_models_dir()/converted/<label>-<hash
+    of key> (another key, another dir); the ranks' processes wait for the one converting."""
+    dst = os.path.join(gcs.saved_models_dir(), 'converted', f'{label}-{hashlib.sha1(key.encode()).hexdigest()[:16]}')
+    with _file_lock(dst + '.lock'):
+        if checkpoints.latest_checkpoint(dst) is None:
+            print(f'converting {source} -> {dst}')
+            convert(dst)
+    return dst
+
+
+def convert_hf_folder(folder, *, label=None):
+    """Ours: our model dir converted from a Hugging Face GPT-2 folder (hf_import), cached and keyed by the
+    paths, sizes and mtimes of the files it reads, so a changed folder is converted again. label: the
+    name in the cache dir's (a hub name's snapshot folder is named by its commit)."""
+    label = 'hf-' + (label or os.path.basename(os.path.normpath(folder))).replace('/', '--')
+    key = '|'.join(f'{os.path.realpath(p)}:{os.stat(p).st_size}:{os.stat(p).st_mtime_ns}'
+                   for p in hf_import.source_files(folder))
+    return _convert_once(folder, label, key, lambda dst: hf_import.convert(folder, dst))
+
+
+# What task.policy.initial_model (and rewards.trained_model) accept, for the one-line errors.
+ACCEPTED = (f"{', '.join(GPT2_RELEASES)} (OpenAI's GPT-2, downloaded), test, a model dir (ours, or an original "
+            f"TF one, or its https URL), a Hugging Face GPT-2 folder or hub name (e.g. gpt2, openai-community/gpt2)")
+
+
+def model_source(name):
+    """What a model name names, without downloading anything: 'test', 'release' (GPT-2 from OpenAI),
+    'url' (an original TF model dir), 'dir' (a local path: ours, an original TF or a Hugging Face model dir),
+    or ours, 'hub' (a Hugging Face hub name; a local path of that name wins, as in transformers). A
+    ValueError in one line, listing what is accepted, for none of them."""
+    if name == 'test':
+        return 'test'
+    if name in GPT2_RELEASES:
+        return 'release'
+    if gcs.is_url(name):
+        return 'url'
+    if os.path.exists(name):
+        return 'dir'
+    if hf_import.is_hub_name(name):
+        return 'hub'
+    if os.sep in name or name.startswith(('.', '~')):
+        return 'dir'  # TrainedModel says it does not exist
+    raise ValueError(f'model {name!r} is none of: {ACCEPTED}')
 
 
 def download_tf_model_dir(url):
@@ -155,15 +207,19 @@ def download_tf_model_dir(url):
 
 def known_n_ctx(name):
     """Ours, for the launch-time checks: the context length of the model named `name` without downloading
-    anything ('test', a GPT-2 release, or a model dir with hparams.json); None when it is not known yet."""
-    if name == 'test':
+    anything ('test', a GPT-2 release, a model dir with hparams.json, a Hugging Face folder's config.json);
+    None when it is not known yet. A bad name or a missing dir: one line (model_source)."""
+    source = model_source(name)
+    if source == 'test':
         return test_hparams().n_ctx
-    if name in GPT2_RELEASES:
+    if source == 'release':
         return GPT2_N_CTX
-    path = os.path.join(name, 'hparams.json') if _is_path(name) else None
-    if path and os.path.isfile(path):
-        return checkpoints.load_hparams(path).n_ctx
-    return None
+    if source == 'dir':
+        _check_dir(name)
+        if hf_import.is_hf_folder(name):
+            return hf_import.read_hparams(name).n_ctx
+        return checkpoints.load_hparams(os.path.join(name, 'hparams.json')).n_ctx
+    return None  # a URL or a hub name: known once downloaded
 
 
 def test_hparams():

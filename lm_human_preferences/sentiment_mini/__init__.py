@@ -47,7 +47,7 @@ EXPERIMENT = commands.OfflineExperiment(
     pretrain=commands.PretrainHParams(n_layer=2, n_embd=128, n_head=4, n_ctx=96, steps=400, batch_size=8, lr=3e-3),
     labeler=commands.Labeler(name='vader', description='VADER (vaderSentiment): prefer the most positive response '
                                                        '(the highest compound score)',
-                             score_name='VADER compound score', score=vader.compound_score),
+                             score_name='VADER compound score', score=vader.compound_score, title='VADER'),
     cpu_threads=1,
 )
 

@@ -6,7 +6,7 @@ What replaced the original's TF1 graph machinery (details in PORTING.md):
 - MPI (`MPI.COMM_WORLD`, horovod): the default torch.distributed process group, whose processes carry
   the MPI ranks, one or several each (utils/ranks.py). Every function works without an initialised
   group too (a single process), like the original with one MPI rank.
-- `variable_synchronizer`: `sync_params`; the gradient all-reduce inside `minimize`: `RankGradients`;
+- `variable_synchronizer`: `sync_params`; the gradient all-reduce inside `minimize`: `mpi_allreduce_mean_grads`;
   `tf.train.AdamOptimizer(epsilon=1e-5)`: `AdamTF`.
 - `where` (scalar broadcasting), `shape_list`, `map_flat_bits`, `add_batch_dim`, `mpi_read_file`,
   `SampleBuffer.write/write_add` are not ported: torch does these natively or nothing uses them.
@@ -195,17 +195,22 @@ def sample_from_logits(logits, generator=None):
     return samples
 
 
-def sample_from_logits_unchecked(logits, generator=None):
+def sample_from_logits_unchecked(logits, generator=None, uniform=None):
     """sample_from_logits without its check, which reads a value on the host: (samples, has_finite), where
     has_finite [rows...] says which rows had a finite logit (the others got an arbitrary sample). A decoding
-    loop keeps the device busy and checks once after its last step (language/sample.py)."""
+    loop keeps the device busy and checks once after its last step (language/sample.py). uniform: the
+    float64 draw in [0, 1) of each row (ours: a decoding loop draws them beforehand), by default drawn
+    here from generator or the global stream."""
     flat_logits = logits.reshape(-1, logits.shape[-1]).float()  # [rows, n]
     finite = torch.isfinite(flat_logits)
     max_logit = torch.where(finite, flat_logits, -math.inf).amax(dim=-1, keepdim=True)
     weights = torch.where(finite, torch.exp(flat_logits - max_logit), 0.0)
     cdf = torch.cumsum(weights.double(), dim=-1)  # [rows, n], not normalized
     total = cdf[:, -1:]
-    uniform = torch.rand(total.shape, dtype=torch.float64, device=cdf.device, generator=generator)
+    if uniform is None:
+        uniform = torch.rand(total.shape, dtype=torch.float64, device=cdf.device, generator=generator)
+    else:
+        uniform = uniform.reshape(total.shape)
     flat_samples = torch.searchsorted(cdf, uniform * total, right=True)
     # uniform * total rounds up to total with probability ~2^-53: stay inside the vocabulary.
     samples = flat_samples.clamp_max_(cdf.shape[-1] - 1).reshape(logits.shape[:-1])
@@ -236,40 +241,46 @@ def take_top_p_logits(logits, p):
     return torch.where(logits < min_values, torch.full_like(logits, -1e10), logits)
 
 
-def _moments(values):
-    """Mean and population variance over all elements, as tf.nn.moments (no gradient through the mean in var)."""
-    mean = values.mean()
-    var = torch.mean((values - mean.detach()) ** 2)
-    return mean, var
+def moments(values, dim=None):
+    """Mean and population variance over all elements (or along dim, kept), as tf.nn.moments (no gradient
+    through the mean in var)."""
+    if dim is None:
+        mean = values.mean()
+        return mean, torch.mean((values - mean.detach()) ** 2)
+    mean = values.mean(dim, keepdim=True)
+    return mean, torch.mean((values - mean.detach()) ** 2, dim, keepdim=True)
 
 
-def whiten(values, shift_mean=True):
-    mean, var = _moments(values)
-    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+def whiten(values, shift_mean=True, groups=1):
+    """groups (ours): the rows of values are that many equal blocks, each whitened over its own elements:
+    the ranks a process carries side by side, each of which the original whitened over its own minibatch."""
+    blocks = values.reshape(groups, -1)  # [groups, elements of a block]
+    mean, var = moments(blocks, dim=1)
+    whitened = (blocks - mean) * torch.rsqrt(var + 1e-8)
     if not shift_mean:
         whitened = whitened + mean
-    return whitened
+    return whitened.view_as(values)
 
 
 def pearson_r(x, y):
     assert x.dim() == 1, f'pearson_r: x must be 1-D, got shape {tuple(x.shape)}'
     assert y.dim() == 1, f'pearson_r: y must be 1-D, got shape {tuple(y.shape)}'
-    x_mean, x_var = _moments(x)
-    y_mean, y_var = _moments(y)
+    x_mean, x_var = moments(x)
+    y_mean, y_var = moments(y)
     cov = torch.mean((x - x_mean) * (y - y_mean), dim=0)
     return cov / torch.sqrt(x_var * y_var)
 
 
 # ---------------------------------------------------------------------------------------------------
 # Distributed: torch.distributed replaces MPI, and a rank is not a process (utils/ranks.py): the
-# `--mpi N` ranks are carried by the processes of the group, N / P each, one after another. With no
+# `--mpi N` ranks are carried by the processes of the group, N / P each, side by side. With no
 # process group and no layout a process is one MPI rank (world size 1), so the trainers and tests run
 # unchanged in one process.
 #
 # Two kinds of collectives: the original's reductions over *ranks* (mpi_allreduce_sum / _mean) take the
 # list of this process's ranks' values; the rest (mpi_bcast, sync_params, all_gather_ranks) are over
 # *processes*, called once per process outside the rank sections (every rank of a process holds the
-# same models, so nothing per rank is lost); RankGradients averages the ranks' gradients.
+# same models, so nothing per rank is lost); mpi_allreduce_mean_grads averages the processes' gradients.
 
 def get_rank():
     """The rank whose section is running (utils/ranks.py); outside the sections, this process's first."""
@@ -294,6 +305,13 @@ def for_each_rank(fn):
     """Ours: [fn() in rank r's section for each rank r this process carries], one after another: there
     get_rank() is r and the global random streams are r's (utils/ranks.py)."""
     return ranks.for_each_rank(fn)
+
+
+def side_by_side(fn):
+    """Ours: fn() in each rank's section (its get_rank(), its random streams), the tensors it returns
+    concatenated rank after rank: a batch of the ranks this process carries side by side, each rank's rows
+    drawn from its own streams (utils/ranks.py). A tuple of tensors, as fn returns."""
+    return tuple(torch.cat(pieces) for pieces in zip(*for_each_rank(fn)))
 
 
 def get_local_rank():
@@ -351,6 +369,14 @@ def _processes_sum(value):
         out = _allreduce_tensor_sum(torch.tensor(value, dtype=torch.float64 if isinstance(value, float) else torch.int64))
         return type(value)(out.item())
     raise TypeError(f'mpi_allreduce_sum: unsupported value of type {type(value).__name__}')
+
+
+def processes_sum(value):
+    """Ours: the sum over processes of a value each process computed for all the ranks it carries (a tensor,
+    numpy array or python number), e.g. totals over the rows of its ranks side by side. Collective over
+    processes; returns the same kind as the value."""
+    ranks.refuse_in_section('processes_sum')
+    return _processes_sum(value)
 
 
 def mpi_allreduce_sum(values):
@@ -465,60 +491,25 @@ def sync_params(params, root=0):
             t.copy_(v)
 
 
-class RankGradients:
-    """The MPI part of the original's `minimize` for ranks that take turns: .grad becomes the mean over
-    all ranks of their gradients.
+@torch.no_grad()
+def mpi_allreduce_mean_grads(params):
+    """The gradient all-reduce of the original's `minimize` (map_flat_chunked(mpi_allreduce_mean, grads)).
 
-    Each rank this process carries computes its loss and back-propagates it into .grad, then calls
-    add_rank(), which moves .grad into a float64 sum; average() sums that over processes and sets .grad
-    to the mean (fp32). A sum of a few fp32 gradients is exact in float64, so the mean does not depend on
-    the order of the sums, that is on how the ranks are spread over processes (with fp32 sums a rank count
-    of 4 in 1, 2 or 4 processes ended 1e-5 apart after a few Adam steps). Params whose .grad stays None on
-    every rank keep None, as the original dropped None gradients. A process carrying one rank keeps .grad
-    where it is (average() reduces it in chunks); with one rank in all nothing is copied.
+    A process computes the gradient of the mean of its ranks' losses in one backward pass (its ranks are
+    side by side in one batch), so its .grad is the mean over the ranks it carries; this sets .grad to the
+    mean over all ranks: the mean over processes (each carries as many ranks), summed in float64 so that
+    the result does not depend on the order of the sums. Params without .grad keep None, as the original
+    dropped None gradients. Collective over processes; nothing to do with one process.
     """
-
-    def __init__(self, params):
-        self.params = list(params)
-        self.sums = None  # float64, like params; kept between minibatches
-        self.has_grad = [False] * len(self.params)
-
-    @torch.no_grad()
-    def add_rank(self):
-        ranks.refuse_in_section('RankGradients.add_rank')  # every rank's gradient is added, by the process
-        if len(ranks.local_ranks()) == 1:
-            return
-        if self.sums is None:
-            self.sums = [torch.zeros_like(p, dtype=torch.float64) for p in self.params]
-        for i, p in enumerate(self.params):
-            if p.grad is not None:
-                self.sums[i].add_(p.grad)
-                self.has_grad[i] = True
-                p.grad = None
-
-    @torch.no_grad()
-    def average(self):
-        """Set .grad to the mean over all ranks (collective over processes), ready for the next batch."""
-        ranks.refuse_in_section('RankGradients.average')
-        scale = 1 / get_world_size()
-        if scale == 1:
-            return
-        if self.sums is None:  # one rank per process: its .grad is its gradient
-            self.has_grad = [p.grad is not None for p in self.params]
-            sums = [p.grad for p in self.params]
-        else:
-            sums = self.sums
-        # Sums over processes, one chunk at a time, in float64.
-        chunks = chunk_tensors([t for t, has in zip(sums, self.has_grad) if has], limit=1 << 28)
-        for chunk in chunks:
-            values = map_flat(lambda flat: _processes_sum(flat.double()) * scale, chunk)
-            for t, v in zip(chunk, values):
-                t.copy_(v)
-        for i, p in enumerate(self.params):
-            if self.sums is not None:
-                p.grad = self.sums[i].float() if self.has_grad[i] else None
-                self.sums[i].zero_()
-        self.has_grad = [False] * len(self.params)
+    ranks.refuse_in_section('mpi_allreduce_mean_grads')
+    if not _processes_on():
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    scale = 1 / ranks.num_processes()
+    for chunk in chunk_tensors(grads, limit=1 << 28):
+        values = map_flat(lambda flat: _processes_sum(flat.double()) * scale, chunk)
+        for g, v in zip(chunk, values):
+            g.copy_(v)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -532,11 +523,12 @@ class NonFiniteError(FloatingPointError):
 
 
 def grad_norm(params):
-    """The global L2 norm of the .grad of params (those with one), as a 0-d fp32 tensor."""
-    norms = [torch.linalg.vector_norm(p.grad.detach().float()) for p in params if p.grad is not None]
-    if not norms:
+    """The global L2 norm of the .grad of params (those with one), as a 0-d fp32 tensor (every tensor's norm
+    in one multi-tensor op, then theirs)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
         return torch.zeros(())
-    return torch.linalg.vector_norm(torch.stack(norms))
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
 
 
 def per_rank(name, values):
@@ -597,10 +589,21 @@ class AdamTF(torch.optim.Optimizer):
         var -= lr_t * m / (sqrt(v) + eps)
     torch.optim.Adam adds epsilon to the corrected sqrt(v_hat), which is a different update. The scalars
     are computed in float32 and beta^t is accumulated by repeated float32 multiplication, as TF does.
+
+    Ours, two ways of running TF's kernel op for op (the same roundings, bit for bit):
+    - foreach: each op once for a list of tensors, with torch's multi-tensor ops: a dozen kernel launches
+      per step on CUDA, where one op per tensor would be 12 x 150 for GPT-2;
+    - chunks: cache-sized chunks of one tensor with two reused scratch buffers. On CPU, whole-tensor
+      temporaries are fresh parameter-sized buffers (wte's is 150 MiB) that every op faults in and streams
+      through memory: GPT-2 124M's step takes 0.18 s in chunks, 0.54 s with foreach; a tiny model's 1 ms
+      with foreach, 10 ms in chunks (benchmarks/adam.py).
+    foreach=None (the default): foreach on CUDA; on CPU foreach for the tensors of at most one chunk, and
+    chunks for the larger ones. True / False: foreach / chunks for every tensor.
     """
 
-    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-5):
+    def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-5, foreach=None):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps))
+        self.foreach = foreach
         self._scratch_buffers = {}  # (device, dtype) -> [2, _ADAM_CHUNK]; not part of the state
 
     def _scratch(self, like):
@@ -629,34 +632,60 @@ class AdamTF(torch.optim.Optimizer):
             lr_t = float(f32(group['lr']) * np.sqrt(f32(1) - beta2_power) / (f32(1) - beta1_power))
             c1, c2 = float(f32(1) - beta1), float(f32(1) - beta2)
             eps = float(f32(group['eps']))
-            for p in group['params']:
-                if p.grad is None:
-                    continue
-                g = p.grad
+            params = [p for p in group['params'] if p.grad is not None]
+            for p in params:
                 state = self.state[p]
                 if not state:
                     state['m'] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state['v'] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                # TF's ApplyAdam kernel, op for op (so the same roundings). On CPU it runs on chunks of
-                # _ADAM_CHUNK values with two reused scratch buffers: whole-tensor temporaries would be fresh
-                # parameter-sized buffers (wte's is 150 MiB) that every op faults in and streams through
-                # memory. 10x faster on GPT-2 124M (benchmarks/ppo_throughput.py, train step).
-                pieces = (p, g, state['m'], state['v'])
-                if p.device.type == 'cpu' and all(t.is_contiguous() for t in pieces):
-                    pieces = [t.view(-1).split(_ADAM_CHUNK) for t in pieces]
-                else:  # on a GPU chunks would only add kernel launches
-                    pieces = [(t,) for t in pieces]
-                for var, grad, m, v in zip(*pieces):
-                    a, b = self._scratch(var)
-                    torch.sub(grad, m, out=a).mul_(c1)  # m += (g - m) * (1 - beta1)
-                    m.add_(a)
-                    torch.mul(grad, grad, out=a).sub_(v).mul_(c2)  # v += (g^2 - v) * (1 - beta2)
-                    v.add_(a)
-                    torch.mul(m, lr_t, out=a).div_(torch.sqrt(v, out=b).add_(eps))  # var -= lr_t m / (sqrt(v) + eps)
-                    var.sub_(a)
+            tensors = (params, [p.grad for p in params], [self.state[p]['m'] for p in params],
+                       [self.state[p]['v'] for p in params])
+            if self.foreach is None:
+                foreach = [p.device.type == 'cuda' or p.numel() <= _ADAM_CHUNK for p in params]
+            else:
+                foreach = [self.foreach] * len(params)
+            together = [[t for t, f in zip(ts, foreach) if f] for ts in tensors]
+            if together[0]:
+                self._update_foreach(*together, c1=c1, c2=c2, lr_t=lr_t, eps=eps)
+            for var, grad, m, v, f in zip(*tensors, foreach):
+                if not f:
+                    self._update_chunks(var, grad, m, v, c1=c1, c2=c2, lr_t=lr_t, eps=eps)
             group['beta1_power'] = float(beta1_power * beta1)
             group['beta2_power'] = float(beta2_power * beta2)
         return loss
+
+    @staticmethod
+    def _update_foreach(params, grads, ms, vs, *, c1, c2, lr_t, eps):
+        """TF's ApplyAdam kernel on all the tensors at once (lists), op for op."""
+        a = torch._foreach_sub(grads, ms)  # m += (g - m) * (1 - beta1)
+        torch._foreach_mul_(a, c1)
+        torch._foreach_add_(ms, a)
+        a = torch._foreach_mul(grads, grads)  # v += (g^2 - v) * (1 - beta2)
+        torch._foreach_sub_(a, vs)
+        torch._foreach_mul_(a, c2)
+        torch._foreach_add_(vs, a)
+        a = torch._foreach_mul(ms, lr_t)  # var -= lr_t m / (sqrt(v) + eps)
+        b = torch._foreach_sqrt(vs)
+        torch._foreach_add_(b, eps)
+        torch._foreach_div_(a, b)
+        torch._foreach_sub_(params, a)
+
+    def _update_chunks(self, var, grad, m, v, *, c1, c2, lr_t, eps):
+        """TF's ApplyAdam kernel on one tensor, op for op, on chunks of _ADAM_CHUNK values (contiguous
+        tensors on CPU) with two reused scratch buffers."""
+        pieces = (var, grad, m, v)
+        if var.device.type == 'cpu' and all(t.is_contiguous() for t in pieces):
+            pieces = [t.view(-1).split(_ADAM_CHUNK) for t in pieces]
+        else:
+            pieces = [(t,) for t in pieces]
+        for var, grad, m, v in zip(*pieces):
+            a, b = self._scratch(var)
+            torch.sub(grad, m, out=a).mul_(c1)  # m += (g - m) * (1 - beta1)
+            m.add_(a)
+            torch.mul(grad, grad, out=a).sub_(v).mul_(c2)  # v += (g^2 - v) * (1 - beta2)
+            v.add_(a)
+            torch.mul(m, lr_t, out=a).div_(torch.sqrt(v, out=b).add_(eps))  # var -= lr_t m / (sqrt(v) + eps)
+            var.sub_(a)
 
 
 def autocast(enabled):

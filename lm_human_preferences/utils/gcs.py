@@ -336,3 +336,35 @@ def download_file_cached(url, *, cache_dir=None, validate=None, retries=4, backo
         raise DownloadError(f'could not download {url}: rank 0 downloaded it to {dest}, which rank {core.get_rank()} '
                            f'cannot see (the cache dir must be shared by all ranks)')
     return dest
+
+
+def download_hub_snapshot(repo_id, *, allow_patterns, cache_dir, note=''):
+    """Ours: the local folder holding the files of the Hugging Face hub model repo_id that match
+    allow_patterns, downloaded once through huggingface_hub (its snapshot_download, into cache_dir; a
+    later call uses the cached snapshot, offline too). Every failure is one line: DownloadError.
+    Collective, as download_file_cached: rank 0 downloads, the other ranks then read the cache. note: said
+    after the name in the errors."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub import errors
+
+    from lm_human_preferences.utils import core  # lazily: core imports torch
+    what = f"could not download the Hugging Face model '{repo_id}'{note}"
+    error = None
+    if core.is_root():
+        try:
+            snapshot_download(repo_id, allow_patterns=allow_patterns, cache_dir=cache_dir)
+        except errors.GatedRepoError:
+            error = f'{what}: it is gated (accept its terms on the hub, then log in: hf auth login)'
+        except errors.RepositoryNotFoundError:
+            error = f'{what}: the hub has no such model (or it is private: hf auth login)'
+        except errors.LocalEntryNotFoundError:  # offline, and not cached
+            error = (f'{what}: the hub cannot be reached (no internet?) and it is not in the cache {cache_dir}; '
+                     f'{OFFLINE_HINT}')
+        except errors.HfHubHTTPError as e:
+            error = f'{what}: {str(e).splitlines()[0]}'
+        except OSError as e:  # the cache cannot be written (read-only, full disk)
+            error = f'{what} into the cache {cache_dir}: {e.strerror or e}'
+    error = core.mpi_bcast(error)
+    if error is not None:
+        raise DownloadError(error)
+    return snapshot_download(repo_id, allow_patterns=allow_patterns, cache_dir=cache_dir, local_files_only=True)

@@ -298,6 +298,12 @@ def _parse_typed_value(ty, s):
             return s
         else:
             raise ValueError(f"Invalid hparam class value '{s}' (use 'on' or 'off')")
+    elif typing.get_origin(ty) is typing.Literal:
+        # Ours: a fixed word a field accepts besides its type (run.microbatch_size 'auto')
+        for option in typing.get_args(ty):
+            if s == str(option):
+                return option
+        raise ValueError(f"'{s}' is not one of {', '.join(map(repr, typing.get_args(ty)))}")
     elif _is_union_type(ty):
         args = typing.get_args(ty)
         if not _can_distinguish_unambiguously(args):
@@ -328,6 +334,8 @@ def _matches_type(value, ty):
     if ty is int:
         return isinstance(value, int) and not isinstance(value, bool)
     origin = typing.get_origin(ty)
+    if origin is typing.Literal:
+        return value in typing.get_args(ty)
     if origin is not None:  # e.g. List[int], Dict[str, int]: check only the container
         return isinstance(value, origin)
     return isinstance(value, ty)
@@ -344,6 +352,8 @@ def _type_name(ty):
         return 'None'
     if is_hparam_type(ty):
         return f"{ty.__name__} ('on' or 'off')"
+    if typing.get_origin(ty) is typing.Literal:
+        return ' | '.join(map(repr, typing.get_args(ty)))
     return getattr(ty, '__name__', str(ty))
 
 
@@ -391,11 +401,12 @@ def _raise_unknown(cls, valid_keys, k, prefix=''):
 
 
 def _type_to_class(ty):
-    """Extract a constructible class from a type. For instance, `typing.Optional[int]` gives `int`"""
+    """Extract a constructible class from a type. For instance, `typing.Optional[int]` gives `int`; a union
+    of several value types (ours: `Optional[Union[int, Literal['auto']]]`) has none and stays as it is."""
     if _is_union_type(ty):
-        # Only typing.Optional supported: must be of form typing.Union[ty, None]
-        args = typing.get_args(ty)
-        assert len(args) == 2 and args[1] is type(None), f"only Optional[...] unions are supported, got {ty}"
-        return args[0]
+        args = [a for a in typing.get_args(ty) if a is not type(None)]
+        # An optional group of hparams is the only union with a class to construct: Optional[SomeHParams]
+        assert len(args) == 1 or not any(is_hparam_type(a) for a in args), f"unsupported union {ty}"
+        return args[0] if len(args) == 1 else ty
     else:
         return ty

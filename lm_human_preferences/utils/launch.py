@@ -2,7 +2,7 @@
 
 The original pickled the trial function with cloudpickle and ran it under `mpiexec -n <mpi>`, one MPI
 rank per process, with a `fire` command line. Here the `mpi` ranks are carried by `procs` processes,
-mpi / procs each, run one after another (utils/ranks.py): one process can run the paper's 8 ranks. We
+mpi / procs each, side by side in its batches (utils/ranks.py): one process can run the paper's 8 ranks. We
 start the workers with torch.multiprocessing.spawn and join them in a torch.distributed process group
 (gloo on CPU, NCCL with one GPU per process); under torchrun we join the group torchrun describes
 instead, whose processes carry the ranks. The command line is parsed by `main` below (no `fire`).
@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lm_human_preferences.utils import core, gcs, hyperparams, ranks, run
+from lm_human_preferences.utils import core, extras, gcs, ranks, run
 
 
 class ConfigError(Exception):
@@ -102,9 +102,10 @@ def reuse_freed_memory():
     return bool(mallopt(M_MMAP_THRESHOLD, 1 << 30)) and bool(mallopt(M_TRIM_THRESHOLD, 2 ** 31 - 1))
 
 
-# Errors of bad inputs (a file, a value, a download), reported in one line by main. A worker that fails
-# writes a report (the line, or a bug's traceback) for the launcher, which reports the first one.
-INPUT_ERRORS = (gcs.DownloadError, OSError, ValueError, FloatingPointError)
+# Errors of bad inputs (a file, a value, a download, a missing extra), reported in one line by main. A
+# worker that fails writes a report (the line, or a bug's traceback) for the launcher, which reports the
+# first one.
+INPUT_ERRORS = (gcs.DownloadError, OSError, ValueError, FloatingPointError, extras.MissingExtra)
 _ERROR_EXIT = 3  # a worker's exit code after it wrote its error report
 _INTERRUPTED_EXIT = 130  # after Ctrl-C
 
@@ -154,6 +155,10 @@ def _worker(local_rank, world_size, port, f, mpi, error_dir):
             json.dump(report, out)
         exit_without_finalizing(_ERROR_EXIT)
     exit_without_finalizing(0)
+
+
+# `--help` for --procs left unset (default_procs).
+PROCS_HELP = 'one per GPU, at most --mpi and a divisor of it; 1 on a CPU; under torchrun, its processes'
 
 
 def default_procs(mpi):
@@ -227,10 +232,11 @@ def launch(name, f, *, mpi=1, procs=None) -> None:
 
 
 def launch_trials(name, fn, trials, hparam_class, extra_hparams=None, dry_run=False, mpi=1, procs=None,
-                  save_dir=None, hparams_for_ranks=None):
+                  save_dir=None, hparams_for_ranks=None, derive=None):
     """Build each trial's hparams (bindings, then the command line's extra hparams), validate (and, ours,
-    hparams_for_ranks(hparams, mpi): the sizes the ranks share), and run fn(hparams) as `mpi` ranks in `procs`
-    processes per trial (see launch). With dry_run, print the resolved hparams instead."""
+    hparams_for_ranks(hparams, mpi): the sizes the ranks share; derive(hparams): the values the trainer
+    sets from the others), and run fn(hparams) as `mpi` ranks in `procs` processes per trial (see
+    launch). With dry_run, print the resolved hparams instead (print_dry_run)."""
     if procs is None:
         procs = default_procs(mpi)
     check_ranks(name, mpi, procs)
@@ -249,30 +255,66 @@ def launch_trials(name, fn, trials, hparam_class, extra_hparams=None, dry_run=Fa
         hparams = hparam_class()
         try:
             hparams.override_from_dict(kwargs)
+            stages = [_flat(hparams)]  # ours: who set each value, for the dry run
             if extra_hparams:
                 hparams.override_from_str_dict(extra_hparams)
+            stages.append(_flat(hparams))
             if save_dir:
                 # Set before validate() (the original set it after) so --dry_run shows the real save dir.
                 hparams.run.save_dir = os.path.join(save_dir, job_name)
             hparams.validate()
             if hparams_for_ranks is not None:
                 hparams_for_ranks(hparams, mpi)
+            if derive is not None:
+                derive(hparams)
         except (ValueError, AttributeError, TypeError, AssertionError) as e:
             # The trainers' validate() methods use asserts and exact_div, as the original.
             raise ConfigError(f'{job_name}: {e or type(e).__name__}') from e
         if dry_run:
-            print(f'{job_name}: {kwargs}')
-            hyperparams.dump(hparams)
+            print_dry_run(job_name, hparams, mpi=mpi, procs=procs, bound=kwargs, command_line=extra_hparams or {},
+                          stages=stages)
         else:
-            if any(v for k, v in core.flatten_dict(hparams.to_nested_dict(), sep='.').items() if k.endswith('run.wandb')):
+            if any(v for k, v in _flat(hparams).items() if k.endswith('run.wandb')):
                 try:
                     run.check_wandb(job_name)  # ours: a missing key or an unreachable server, before any work
-                except ValueError as e:
+                except (ValueError, extras.MissingExtra) as e:
                     raise ConfigError(str(e)) from None
             jobs.append(partial(launch, job_name, partial(fn, hparams), mpi=mpi, procs=procs))
     # The original ran local jobs one at a time too (it asserted there was only one).
     for job in jobs:
         job()
+
+
+def _flat(hparams):
+    return core.flatten_dict(hparams.to_nested_dict(), sep='.')
+
+
+def print_dry_run(job_name, hparams, *, mpi, procs, bound, command_line, stages):
+    """Ours (the original printed the bindings' dict on one line, then the nested hparams): the ranks and
+    processes, the save dirs the run will use, then every hparam as `key: value` (repr), one per line, with
+    who set it: the experiment, the command line (directly, or through an hparam that sets others too),
+    the launcher (run.save_dir: --save_dir/NAME) or the trainer (derived from other hparams). stages: the
+    flat hparams after the experiment's bindings and after the command line's."""
+    after_bindings, after_command_line = stages
+    final = _flat(hparams)
+
+    def origin(k):
+        if k in command_line or after_command_line.get(k) != after_bindings.get(k):
+            return 'command line'
+        if final[k] != after_command_line.get(k):
+            return '--save_dir/NAME' if k == 'run.save_dir' else 'derived'
+        return 'experiment' if k in bound else None
+    origins = {k: origin(k) for k in final}
+    ranks_text = f'{mpi} rank{"s" if mpi != 1 else ""}'
+    procs_text = f'{procs} process{"es" if procs != 1 else ""}'
+    print(f'{job_name}: {ranks_text} (--mpi {mpi}) in {procs_text} (--procs {procs}); --dry_run: nothing runs')
+    print('save dirs, and what the trainer derives from them:')
+    for k in sorted(final):
+        if k.endswith('save_dir') or origins[k] == 'derived':
+            print(f'  {k}: {final[k]}')
+    print('hparams (# who set it: the experiment, the command line, or derived from others; no mark: the default):')
+    for k in sorted(final):
+        print(f'  {k}: {final[k]!r}' + (f'  # {origins[k]}' if origins[k] else ''))
 
 
 def _parse_command_line(argv, params):
@@ -329,6 +371,15 @@ def _convert_option(key, value, param):
     return value
 
 
+# A command's options whose default is None say in `--help` what that means (ours: the help printed
+# "(set by the command)"): the command's `option_help` dict maps each to a text, or to REQUIRED.
+REQUIRED = 'required'
+
+
+def _option_help(command):
+    return getattr(command, 'option_help', {})
+
+
 def _usage(name, command):
     words = [name]
     for p in inspect.signature(command).parameters.values():
@@ -336,6 +387,8 @@ def _usage(name, command):
             words.append('[--dotted.hparam VALUE ...]')
         elif p.default is inspect.Parameter.empty:
             words.append(p.name.upper())
+        elif _option_help(command).get(p.name) == REQUIRED:
+            words.append(f'--{p.name} {p.name.upper()}')
         else:
             words.append(f'[--{p.name} {p.name.upper()}]' if not isinstance(p.default, bool) else f'[--{p.name}]')
     return ' '.join(words)
@@ -405,14 +458,15 @@ def main(commands_dict, argv=None):
 
 
 def command_help(program, name, command):
-    """`COMMAND --help`: the command's description (its docstring), usage, options with their defaults,
-    and, where the command lists them, its experiments and most used hparams."""
+    """`COMMAND --help`: the command's description (its docstring), usage, options with their defaults (or
+    for those left unset, their option_help: what happens then, or REQUIRED), and, where the command lists
+    them, its experiments and most used hparams."""
     lines = [f'usage: {program} {_usage(name, command)}', '', inspect.cleandoc(command.__doc__ or '')]
     options = [p for p in inspect.signature(command).parameters.values()
                if p.default is not inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD]
     if options:
-        lines += ['', 'options:'] + [f'  --{p.name} ' + ('(set by the command)' if p.default is None else repr(p.default))
-                                     for p in options]
+        lines += ['', 'options:'] + [f'  --{p.name} ' + (f'({_option_help(command)[p.name]})' if p.default is None
+                                                         else repr(p.default)) for p in options]
     extra = getattr(command, 'help_sections', None)
     if extra is not None:
         lines += ['', extra()]

@@ -5,10 +5,13 @@ The trainers append one JSON line per logged step to <save_dir>/train_reward_sta
 which writes train_reward_curves.png / train_policy_curves.png beside them. The command line is
 `python sample.py plot --save_dir SAVE_DIR [--out F.png]`.
 
-A metric missing from the stats (an older run, a fixed KL coefficient) only drops its panel.
+A noisy metric is drawn as logged ("raw" in the legend) and as its EMA; a value a controller set (the
+adaptive KL coefficient) as logged only. A metric missing from the stats (an older run, a fixed KL
+coefficient) only drops its panel. The panels fill their rows: no slot of a figure stays empty.
 """
 
 import json
+import math
 import os
 import sys
 
@@ -71,7 +74,13 @@ def _read_hparams(save_dir, kind):
         return json.load(f)
 
 
-def _ema(values, alpha=0.1):
+EMA_ALPHA = 0.1
+# Values a controller sets (the adaptive KL coefficient), not noisy estimates: smoothing would only
+# shift them (an EMA lags the value the run used), so they are drawn as logged.
+UNSMOOTHED = {'objective/kl_coef'}
+
+
+def _ema(values, alpha=EMA_ALPHA):
     out, m = [], None
     for v in values:
         m = v if m is None else (1 - alpha) * m + alpha * v
@@ -79,75 +88,116 @@ def _ema(values, alpha=0.1):
     return out
 
 
-def _policy_panel(ax, metric, series, hparams):
-    steps, values = series[metric]
-    if len(values) > 10:
-        ax.plot(steps, values, color='C0', alpha=0.3, linewidth=1)
-        ax.plot(steps, _ema(values), color='C0', linewidth=1.5, label='EMA 0.1')
+def _curve(ax, steps, values, *, raw_label, smooth=True):
+    """A metric per step: the raw values, labelled raw_label, and, when smooth and there are more than 10,
+    their EMA."""
+    if smooth and len(values) > 10:
+        ax.plot(steps, values, color='C0', alpha=0.3, linewidth=1, label=raw_label)
+        ax.plot(steps, _ema(values), color='C0', linewidth=1.5, label=f'EMA {EMA_ALPHA:g} (smoothed)')
     else:
-        ax.plot(steps, values, color='C0', marker='o', markersize=3)
+        ax.plot(steps, values, color='C0', linewidth=1.5, marker='o' if len(values) <= 10 else None, markersize=3,
+                label=raw_label)
+
+
+def _reference_lines(ax, lines):
+    """Horizontal reference lines: (value, label, color, linestyle)."""
+    for value, label, color, linestyle in lines:
+        ax.axhline(value, color=color, linestyle=linestyle, linewidth=1, label=label)
+
+
+def _policy_panel(ax, metric, series, hparams):
+    _curve(ax, *series[metric], raw_label='each PPO batch (raw)', smooth=metric not in UNSMOOTHED)
     if metric == 'objective/kl':
         target = _nested_get(hparams, 'rewards', 'adaptive_kl', 'target')
         if target is not None:
-            ax.axhline(target, color='C3', linestyle='--', linewidth=1, label=f'adaptive target {target:g}')
+            _reference_lines(ax, [(target, f'adaptive target {target:g}', 'C3', '--')])
     ax.set_xlabel('PPO batch')
+
+
+# The reward model's evaluations after training (train_reward.evaluate): (stats prefix, labels, color).
+EVALS = [('eval', 'held-out labels', 'C3'), ('eval_train', 'training labels', 'C2')]
 
 
 def _reward_panel(ax, metric, series, hparams):
     if metric == 'loss':
-        steps, values = series['loss']
-        ax.plot(steps, values, color='C0', alpha=0.3, linewidth=1)
-        ax.plot(steps, _ema(values), color='C0', linewidth=1.5, label='train minibatch (EMA 0.1)')
-        for name, color in (('eval/loss', 'C3'), ('eval_train/loss', 'C2')):
-            if name in series:
-                ax.plot(*series[name], color=color, marker='o', linestyle='none', label=name)
+        _curve(ax, *series['loss'], raw_label='each train minibatch (raw)')
+        for prefix, labels, color in EVALS:
+            if f'{prefix}/loss' in series:
+                ax.plot(*series[f'{prefix}/loss'], color=color, marker='o', linestyle='none',
+                        label=f'{prefix}/loss ({labels})')
         ax.set_xlabel('reward model minibatch')
         return
     # Accuracy is evaluated once, after training: a bar per evaluated label set, with chance.
-    names = [n for n in ('eval/accuracy', 'eval_train/accuracy') if n in series]
-    accuracies = [series[n][1][-1] for n in names]
-    bars = ax.bar(names, accuracies, color=['C3', 'C2'][:len(names)])
-    ax.bar_label(bars, labels=[f'{100 * a:.1f}%' for a in accuracies])
+    bars = [(f'{labels}\n({prefix}/accuracy)', series[f'{prefix}/accuracy'][1][-1], color)
+            for prefix, labels, color in EVALS if f'{prefix}/accuracy' in series]
+    drawn = ax.bar([b[0] for b in bars], [b[1] for b in bars], color=[b[2] for b in bars], width=0.5)
+    # inside the bars: above them the values would collide with the reference lines
+    ax.bar_label(drawn, labels=[f'{100 * b[1]:.1f}%' for b in bars], label_type='center', color='white')
+    ax.set_xlim(-0.75, len(bars) - 0.25)  # bars of the same width, one or two
     label_type = _nested_get(hparams, 'labels', 'type') or ''
     if label_type.startswith('best_of_'):
         chance = 1 / int(label_type[len('best_of_'):])
-        ax.axhline(chance, color='k', linestyle='--', linewidth=1, label=f'chance {100 * chance:.0f}%')
+        _reference_lines(ax, [(chance, f'chance {100 * chance:.0f}%', 'k', '--')])
     ax.set_ylim(0, 1)
 
 
-def _panels(save_dir, kind):
-    """[(draw(ax), title)] of the panels that kind's stats in save_dir have; None without the file."""
+def _panels(save_dir, kind, references=None):
+    """[(draw(ax), title)] of the panels that kind's stats in save_dir have; None without the file.
+    references: {panel ('objective/kl', ..., 'loss', 'accuracy'): [(value, label, color, linestyle)]},
+    horizontal lines the caller adds to those panels (e.g. the demo's best possible accuracy)."""
     path = os.path.join(save_dir, STATS_FILES[kind])
     if not os.path.isfile(path):
         return None
     series = read_stats(path)
     hparams = _read_hparams(save_dir, kind)
-    if kind == 'policy':
-        return [(lambda ax, m=m: _policy_panel(ax, m, series, hparams), title)
-                for m, title in POLICY_PANELS if m in series]
-    present = dict(loss='loss' in series, accuracy='eval/accuracy' in series or 'eval_train/accuracy' in series)
-    return [(lambda ax, m=m: _reward_panel(ax, m, series, hparams), title)
-            for m, title in REWARD_PANELS if present[m]]
+    draw_panel, titles = (_policy_panel, POLICY_PANELS) if kind == 'policy' else (_reward_panel, REWARD_PANELS)
+    present = dict(loss='loss' in series, accuracy=any(f'{prefix}/accuracy' in series for prefix, _, _ in EVALS))
+
+    def draw(ax, panel):
+        draw_panel(ax, panel, series, hparams)
+        _reference_lines(ax, (references or {}).get(panel, ()))
+    return [(lambda ax, panel=panel: draw(ax, panel), title) for panel, title in titles
+            if present.get(panel, panel in series)]
 
 
-def _draw(panels, out, *, title):
+def _rows(n):
+    """The number of panels in each row of a figure of n: at most 3 a row (4 above 6 panels), the rows
+    as even as possible."""
+    ncols = min(4 if n > 6 else 3, n)
+    nrows = (n + ncols - 1) // ncols
+    return [n // nrows + (i < n % nrows) for i in range(nrows)]
+
+
+def figure(panels, *, title):
+    """A matplotlib figure of panels ((draw(ax), title) pairs), in rows (_rows) that fill the figure's
+    width: a shorter row's panels are wider, so no slot stays empty."""
     import matplotlib
     matplotlib.use('Agg')  # headless: no display on training machines
     import matplotlib.pyplot as plt
 
-    ncols = min(4 if len(panels) > 6 else 3, len(panels))
-    nrows = (len(panels) + ncols - 1) // ncols
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.2 * nrows), squeeze=False)
-    for ax, (draw, panel_title) in zip(axes.flat, panels):
-        draw(ax)
-        ax.set_title(panel_title, fontsize=10)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis('off')
+    rows = _rows(len(panels))
+    width = math.lcm(*rows)  # grid columns: every row's panels span an equal whole number of them
+    fig = plt.figure(figsize=(4.2 * rows[0], 3.2 * len(rows)))
+    grid = fig.add_gridspec(len(rows), width)
+    panel_iter = iter(panels)
+    for r, n in enumerate(rows):
+        span = width // n
+        for c in range(n):
+            draw, panel_title = next(panel_iter)
+            ax = fig.add_subplot(grid[r, c * span:(c + 1) * span])
+            draw(ax)
+            ax.set_title(panel_title, fontsize=10)
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
+    return fig
+
+
+def _draw(panels, out, *, title):
+    fig = figure(panels, title=title)
+    import matplotlib.pyplot as plt  # after figure() chose the headless backend
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -170,10 +220,11 @@ def plot_learning_curves(save_dir):
     return written
 
 
-def plot_combined(save_dir, out, *, title=None, extra_panels=()):
+def plot_combined(save_dir, out, *, title=None, extra_panels=(), references=None):
     """All panels of both stats files of save_dir (policy first), and extra_panels ((draw(ax), title)
-    pairs, e.g. the demo's rule score), in one figure at out."""
-    panels = [p for kind in ('policy', 'reward') for p in (_panels(save_dir, kind) or [])]
+    pairs, e.g. the demo's rule score), in one figure at out; references: lines to add to panels (see
+    _panels), e.g. the demo's best possible reward model accuracy."""
+    panels = [p for kind in ('policy', 'reward') for p in (_panels(save_dir, kind, references) or [])]
     if not panels:
         raise FileNotFoundError(f'no stats to plot in {save_dir}: expected {" or ".join(STATS_FILES.values())}')
     return _draw(panels + list(extra_panels), out, title=title or os.path.normpath(save_dir))

@@ -8,12 +8,17 @@ Running it on fewer GPUs with fewer ranks changes all of that. Here a rank is no
     --mpi N     N ranks, the original's meaning (its `mpi=8` for the paper's experiments)
     --procs P   P processes carry them, N / P each (a torch.distributed group of P, one GPU each)
 
-A process runs its ranks one after another on its device, each inside `rank_section(rank)`: there
-`core.get_rank()` is that rank and the global random streams (torch, CUDA, numpy, random) are that
-rank's own, swapped in on entry and out on exit. What every rank of the original held identically (the
-models, gradients averaged over ranks, the optimizer, the KL controller) exists once per process and
-lives outside the sections, as does everything that is collective over processes (core.mpi_bcast,
-sync_params, core.RankGradients): calling one inside a section is refused. Values reduced over ranks
+A process carries its ranks side by side, as row blocks of one batch: rank local_ranks()[i] holds the i-th
+block of every batch the trainers make (its queries, rollouts, minibatches, labels), so that one model pass
+serves all of them (a GPU is dispatch-bound on one small rank at a time). Whatever the original computed per
+rank the trainers compute per block: whitening, per-rank stats, losses (the gradient is that of the mean of
+the ranks' losses). What a rank draws at random it draws inside `rank_section(rank)`: there
+`core.get_rank()` is that rank and the global random streams (torch, CUDA, numpy, random) are that rank's
+own, swapped in on entry and out on exit, so each rank's queries, sampling draws and shuffles come from its
+own stream (for_each_rank). What every rank of the original held identically (the models, gradients
+averaged over ranks, the optimizer, the KL controller) exists once per process and lives outside the
+sections, as does everything that is collective over processes (core.mpi_bcast, sync_params,
+core.mpi_allreduce_mean_grads): calling one inside a section is refused. Values reduced over ranks
 (core.mpi_allreduce_sum / _mean) are passed as the list of this process's ranks' values.
 
 Outside the sections a process acts as its first rank (so `core.is_root()` there means "carries rank 0")

@@ -43,14 +43,14 @@ from typing import Callable, Dict, Optional
 import torch
 
 from lm_human_preferences.language import checkpoints
-from lm_human_preferences.utils import checkpointing, core, files, hyperparams, plots, ranks
+from lm_human_preferences.utils import checkpointing, core, extras, files, hyperparams, plots, ranks
 
 SCOPES = dict(train_reward='reward_model', train_policy='policy')
 TB_SUBDIRS = dict(train_reward='reward_model', train_policy='ppo')
-# Hparams that change what a run logs or keeps, or its memory use, not its results: a rerun may change
+# Hparams that change what a run logs or keeps, or its memory use or speed, not its results: a rerun may change
 # them and still resume.
 LOGGING_HPARAMS = ('run.log_interval', 'run.wandb', 'run.wandb_project', 'run.keep_checkpoints',
-                   'run.microbatch_size')
+                   'run.microbatch_size', 'run.cuda_graph')
 # The metrics an end-of-run summary shows, when logged.
 SUMMARY_METRICS = dict(train_reward=('loss', 'eval/loss', 'eval/accuracy'),
                        train_policy=('objective/score', 'objective/kl', 'objective/kl_coef', 'objective/entropy'))
@@ -191,7 +191,7 @@ def _wandb_run(hparams, kind):
     train_reward run); a resumed run continues its wandb run (its id is kept in the save dir)."""
     if not hparams.run.wandb or not core.is_root():
         return None
-    import wandb  # optional; checked at launch (utils/launch.py check_wandb)
+    import wandb  # the `wandb` extra; checked at launch (check_wandb)
     save_dir = hparams.run.save_dir
     name = os.path.basename(os.path.normpath(save_dir)) if save_dir else None
     run_id = None
@@ -209,12 +209,10 @@ def _wandb_run(hparams, kind):
 
 
 def check_wandb(name):
-    """Ours, at launch: that wandb can log (WANDB_MODE offline / disabled needs nothing); a one-line
-    ValueError for a missing package, a missing API key or a W&B server that cannot be reached."""
-    try:
-        import wandb  # noqa: F401
-    except ImportError:
-        raise ValueError(f'{name}: run.wandb is on but the wandb package is not installed (pip install wandb)') from None
+    """Ours, at launch: that wandb can log (WANDB_MODE offline / disabled needs nothing); one line for a
+    missing package (extras.MissingExtra), and a ValueError for a missing API key or a W&B server that
+    cannot be reached."""
+    extras.require('wandb', extra='wandb', needed_for=f'{name}: run.wandb')
     if os.environ.get('WANDB_MODE', '').lower() in ('offline', 'disabled', 'dryrun'):
         return
     base_url = os.environ.get('WANDB_BASE_URL', 'https://api.wandb.ai')
@@ -257,9 +255,10 @@ def _duration(seconds):
 
 
 class Progress:
-    """`done/total, time per step, ETA` of a loop of `total` steps that starts at step `start` (a resumed
-    run): the time per step is the mean over the steps this process ran since `started` (default: now).
-    Set .done as the loop goes."""
+    """`done/total done, time per step, ETA` of a loop of `total` steps that starts at step `start` (a
+    resumed run): the time per step is the mean over the steps this process ran since `started` (default:
+    now). Set .done as the loop goes. `done` counts steps (the first step done: 1), unlike the 0-based
+    step index of the stats and of `[ppo_step N]`: the word says which."""
 
     def __init__(self, total, start=0, started=None):
         self.total, self.start, self.done = total, start, start
@@ -267,7 +266,7 @@ class Progress:
 
     def __call__(self):
         per_step = (time.time() - self.started) / max(self.done - self.start, 1)
-        return f'{self.done}/{self.total}, {per_step:.3g} s/step, ETA {_duration(per_step * (self.total - self.done))}'
+        return f'{self.done}/{self.total} done, {per_step:.3g} s/step, ETA {_duration(per_step * (self.total - self.done))}'
 
     def tenth(self):
         """Whether done is the last step or a multiple of a tenth of the total (to print a line)."""

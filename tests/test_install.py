@@ -1,0 +1,96 @@
+"""The install (pyproject.toml): a core that trains, samples and exports, TensorFlow and wandb as extras; a
+missing extra is one line naming it. (A plain `pip install -e .` once pulled tensorflow-cpu: 3.1 GB.)"""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lm_human_preferences.language import trained_models
+from lm_human_preferences.utils import extras, hyperparams
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+tomllib = pytest.importorskip('tomllib', reason='tomllib is in the standard library from Python 3.11')
+
+
+def _project():
+    return tomllib.loads((REPO_ROOT / 'pyproject.toml').read_text())['project']
+
+
+def _names(requirements):
+    return {re.match(r'[A-Za-z0-9_.-]+', r).group(0).lower().replace('_', '-') for r in requirements}
+
+
+def test_tensorflow_and_wandb_are_extras_not_the_core():
+    project = _project()
+    core, optional = _names(project['dependencies']), project['optional-dependencies']
+    assert not core & {'tensorflow', 'tensorflow-cpu', 'wandb', 'pytest', 'transformers'}
+    assert {'torch', 'numpy', 'tiktoken', 'safetensors', 'huggingface-hub', 'tokenizers'} <= core
+    assert _names(optional['tf']) == {'tensorflow-cpu'} and _names(optional['wandb']) == {'wandb'}
+    assert _names(optional['test']) == {'pytest', 'transformers'}
+    assert optional['all'] == ['lm-human-preferences-torch[tf,wandb,test]']
+    assert project['name'] == extras.PACKAGE
+
+
+def test_ci_installs_what_the_readme_says():
+    readme = (REPO_ROOT / 'README.md').read_text()
+    install = re.search(r'^(pip install .*?)\s+# install', readme, re.MULTILINE).group(1)
+    ci = [line for line in (REPO_ROOT / '.ci' / 'run').read_text().splitlines() if line.startswith('pip install')]
+    assert ci == [install] and "'.[all]'" in install
+
+
+@pytest.mark.slow
+def test_the_commands_import_without_the_extras():
+    """launch.py, sample.py and every module of the training path import with tensorflow, wandb and
+    transformers unimportable (None in sys.modules: `import` raises ImportError, as when not installed)."""
+    code = ("import sys\n"
+            "for m in ('tensorflow', 'wandb', 'transformers'): sys.modules[m] = None\n"
+            "import launch, sample\n"
+            "from lm_human_preferences import train_policy, train_reward, rewards, policy, demo\n"
+            "from lm_human_preferences.language import hf_export, hf_import, convert_tf\n"
+            "from lm_human_preferences.utils import plots, run\n"
+            "print('ok')\n")
+    proc = subprocess.run([sys.executable, '-c', code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == 'ok\n', proc.stderr
+
+
+def test_converting_without_tensorflow_is_one_line_naming_the_extra(tmp_path, monkeypatch):
+    # A TF model dir as the converter finds it (state file, index, hparams.json): it fails at the import.
+    hparams = trained_models.test_hparams()
+    hyperparams.save_json(hparams, str(tmp_path / 'hparams.json'))
+    (tmp_path / 'checkpoint').write_text('model_checkpoint_path: "model.ckpt"\n')
+    (tmp_path / 'model.ckpt.index').write_bytes(b'')
+    monkeypatch.setitem(sys.modules, 'tensorflow', None)
+    with pytest.raises(extras.MissingExtra) as e:
+        trained_models.TrainedModel(str(tmp_path)).checkpoint()
+    assert str(e.value) == (f"converting the TensorFlow checkpoint {tmp_path / 'model.ckpt'} needs tensorflow, which "
+                            f"is not installed: pip install 'lm-human-preferences-torch[tf]' (in a checkout: "
+                            f"pip install -e '.[tf]')")
+
+
+def test_the_converter_script_says_it_in_one_line(tmp_path):
+    (tmp_path / 'src').mkdir()
+    hyperparams.save_json(trained_models.test_hparams(), str(tmp_path / 'src' / 'hparams.json'))
+    (tmp_path / 'src' / 'checkpoint').write_text('model_checkpoint_path: "model.ckpt"\n')
+    (tmp_path / 'src' / 'model.ckpt.index').write_bytes(b'')
+    code = ("import sys, runpy; sys.modules['tensorflow'] = None; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    proc = subprocess.run([sys.executable, '-c', code, 'saved_models/prepare_pytorch_checkpoint.py',
+                           str(tmp_path / 'src'), str(tmp_path / 'dst')], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.count('\n') == 1, proc.stderr
+    assert proc.stderr.startswith('error: converting the TensorFlow checkpoint') and "'.[tf]'" in proc.stderr
+
+
+def test_wandb_without_its_extra_is_one_line_at_launch(tmp_path, monkeypatch, capsys):
+    sys.path.insert(0, str(REPO_ROOT))
+    import launch as top_launch
+    from lm_human_preferences.utils import launch
+    monkeypatch.setitem(sys.modules, 'wandb', None)
+    with pytest.raises(SystemExit) as e:
+        launch.main(dict(train_reward=top_launch.launch_train_reward),
+                    argv=['train_reward', 'test', 'x', '--run.wandb', 'true', '--save_dir', str(tmp_path)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("error: x: run.wandb needs wandb, which is not installed: pip install "
+                                       "'lm-human-preferences-torch[wandb]' (in a checkout: pip install -e '.[wandb]')\n")

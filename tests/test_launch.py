@@ -193,7 +193,7 @@ def test_help_says_what_an_unset_option_means(capsys, monkeypatch):
     assert out['sample'].startswith('usage: sample.py sample --save_dir SAVE_DIR [--savescope SAVESCOPE] ')
     assert '\n  --save_dir (required)\n' in out['sample'] and '\n  --seed (random)\n' in out['sample']
     assert out['export'].startswith('usage: sample.py export --save_dir SAVE_DIR --out OUT [--savescope SAVESCOPE]')
-    assert "\n  --mpi (the experiment's: 1 for test and demo, 8 for the paper's)\n" in out['train_policy']
+    assert "\n  --mpi (the experiment's: 1 for test, demo, sentiment_mini, 8 for the paper's)\n" in out['train_policy']
     assert '\n  --procs (one per GPU, at most --mpi and a divisor of it; 1 on a CPU;' in out['train_reward']
 
 

@@ -45,7 +45,7 @@ from lm_human_preferences import label_types, lm_tasks, train_policy as train_po
 from lm_human_preferences.language import checkpoints, encodings, model, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import files, gcs, plots
+from lm_human_preferences.utils import files, gcs, memory, plots
 from lm_human_preferences.utils.run import Progress
 
 # Samples per policy shown in the report.
@@ -254,6 +254,9 @@ def make_labels(exp: OfflineExperiment, hparams: train_reward_module.HParams, pa
     per_rank = utils.ceil_div(num_labels, utils.get_world_size())
     batch_size = min(utils.exact_div(hparams.rollout_batch_size, utils.get_world_size()), per_rank)
     sampler = lm_tasks.make_query_sampler(hparams=task, encoder=encoder, batch_size=batch_size)
+    # run.microbatch_size 'auto': planned as train_reward plans it (its normalization samples such rollouts).
+    microbatch_size = memory.resolve(hparams.run, train_reward_module.memory_passes(hparams), policy.model_hparams,
+                                     resident=1, trained=0, device=utils.get_device(), what=f'{exp.name} labels')
     printing, progress = utils.is_root(), Progress(utils.ceil_div(per_rank, batch_size) * len(utils.local_ranks()))
 
     def rank_records():
@@ -265,7 +268,7 @@ def make_labels(exp: OfflineExperiment, hparams: train_reward_module.HParams, pa
             with torch.no_grad():
                 # The labelers saw postprocessed (truncated) samples, as the original's label files hold.
                 samples = [postprocess(policy.respond(queries, task.response_length, generator=generator,
-                                                      microbatch_size=hparams.run.microbatch_size)['responses'])
+                                                      microbatch_size=microbatch_size)['responses'])
                            for _ in range(label_type.num_responses)]
             scores = torch.stack([exp.labeler.scores(s, encoder) for s in samples], dim=1).numpy()  # [b, N]
             best = pick_best(scores, rng)

@@ -21,8 +21,10 @@ from functools import partial
 import torch
 
 from lm_human_preferences import lm_tasks, train_policy
-# Ours: the offline demo, for its figure; importing it registers its query dataset, which its runs sample from.
-from lm_human_preferences.demo import commands as demo
+# Ours: the offline experiments, for their figures; importing them registers their query datasets, which
+# their runs sample from.
+from lm_human_preferences import demo, sentiment_mini
+from lm_human_preferences.demo import commands as offline
 from lm_human_preferences.language import checkpoints, hf_export, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
@@ -149,16 +151,22 @@ def launch_export(save_dir=None, out=None, savescope='policy'):
     print('\n'.join(hf_export.usage(out)))
 
 
+OFFLINE_EXPERIMENTS = (demo.EXPERIMENT, sentiment_mini.EXPERIMENT)
+
+
 def launch_plot(save_dir=None, out=None, title=None):
     """Ours: draw again the figures of a train_reward / train_policy save dir: the trainers' *_curves.png
-    and, for the offline demo, demo_curves.png; or with --out every panel in one figure (for the demo:
-    its figure)."""
+    and, for an offline experiment (demo, sentiment_mini), <name>_curves.png; or with --out every panel in
+    one figure (for an offline experiment: its figure)."""
     if save_dir is None:
         raise launch.ConfigError('plot needs --save_dir DIR (a train_reward / train_policy save dir)')
+    reported = [exp for exp in OFFLINE_EXPERIMENTS if os.path.isfile(offline.report_file(exp, save_dir))]
     if out is None:
-        paths = plots.plot_learning_curves(save_dir) + [p for p in [demo.plot_report(save_dir)] if p]
+        paths = plots.plot_learning_curves(save_dir) + [offline.plot_report(exp, save_dir) for exp in reported]
+    elif reported:
+        paths = [offline.plot_report(reported[0], save_dir, out, title=title)]
     else:
-        paths = [demo.plot_report(save_dir, out, title=title) or plots.plot_combined(save_dir, out, title=title)]
+        paths = [plots.plot_combined(save_dir, out, title=title)]
     for path in paths:
         print(path)
 
@@ -167,7 +175,7 @@ def launch_plot(save_dir=None, out=None, title=None):
 launch_sample.option_help = dict(save_dir=launch.REQUIRED, seed='random', procs=launch.PROCS_HELP)
 launch_export.option_help = dict(save_dir=launch.REQUIRED, out=launch.REQUIRED)
 launch_plot.option_help = dict(save_dir=launch.REQUIRED, out="none: the save dir's own figures, drawn again",
-                               title='the save dir (the demo: its command)')
+                               title='the save dir (an offline experiment: its command)')
 
 # A dict of commands, as the original (launch.main is its fire-like command line).
 COMMANDS = dict(

@@ -6,9 +6,12 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# `../shared` beside the checkout holds read-only reference files (GPT-2 BPE files, the 124M
-# checkpoint index, public-domain books). A user's clone has none: tests that need it skip.
-SHARED_DIR = REPO_ROOT.parent / 'shared'
+# `../shared` beside the checkout holds read-only reference files. The tests need only its copy of OpenAI's
+# GPT-2 124M checkpoint index (the BPE files and the books ship with the package): a clone without it
+# skips that test, saying how to provide the public files. $LMHP_TEST_SHARED_DIR moves it (a test of the
+# skip reasons hides it that way).
+SHARED_DIR = Path(os.environ.get('LMHP_TEST_SHARED_DIR', REPO_ROOT.parent / 'shared'))
+GPT2_124M_URL = 'https://openaipublic.blob.core.windows.net/gpt-2/models/124M'
 
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
@@ -20,10 +23,15 @@ os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 
 
 @pytest.fixture
-def shared_dir() -> Path:
-    if not SHARED_DIR.is_dir():
-        pytest.skip(f'{SHARED_DIR} is absent (it exists only beside the CI checkout)')
-    return SHARED_DIR
+def gpt2_124m_dir() -> Path:
+    """The dir of OpenAI's GPT-2 124M release files that describe its variables (no weights): hparams.json
+    and model.ckpt.index."""
+    d = SHARED_DIR / 'gpt2-124M'
+    missing = [f for f in ('hparams.json', 'model.ckpt.index') if not (d / f).is_file()]
+    if missing:
+        pytest.skip(f"needs OpenAI's public GPT-2 124M files {', '.join(missing)} in {d}: download them from "
+                    f"{GPT2_124M_URL}/<file> (a few KB; the weights are not needed)")
+    return d
 
 
 @pytest.fixture(autouse=True)

@@ -165,10 +165,10 @@ def assert_no_pickle(directory):
 # --- the GPT-2 124M release ----------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_gpt2_124m_name_map(tf, shared_dir):
+def test_gpt2_124m_name_map(gpt2_124m_dir, tf):
     """The converter's map covers all 148 variables of OpenAI's 124M checkpoint (its index is enough to
-    list them; the weights are not in ../shared), 124,439,808 parameters, onto our Model's parameters."""
-    d = shared_dir / 'gpt2-124M'
+    list them; the weights are not needed), 124,439,808 parameters, onto our Model's parameters."""
+    d = gpt2_124m_dir
     variables = tf.train.list_variables(str(d / 'model.ckpt'))
     hp = checkpoints.load_hparams(str(d / 'hparams.json'))
     assert convert_tf.infer_scope(variables, str(d), source='124M') == ''
@@ -457,14 +457,18 @@ def test_loading_pickles_is_refused(tmp_path):
     (d / 'checkpoints').mkdir(parents=True)
     state = {'model.wte': torch.zeros(2, 2)}
     torch.save(state, d / 'checkpoints' / 'model-5.safetensors')
-    with pytest.raises(ValueError, match='refusing to load .*model-5.safetensors: it is a pickle'):
+    # Loading a dir skips each bad checkpoint with a warning (newest first), then fails naming the first.
+    with pytest.warns(checkpoints.CheckpointWarning, match='skipping checkpoint .*model-5.safetensors: refusing'), \
+            pytest.raises(ValueError, match='refusing to load .*model-5.safetensors: it is a pickle'):
         checkpoints.load_checkpoint(str(d))
     with open(d / 'checkpoints' / 'model-6.safetensors', 'wb') as f:
         pickle.dump(state, f)
-    with pytest.raises(ValueError, match='refusing to load .*model-6.safetensors'):
+    with pytest.warns(checkpoints.CheckpointWarning, match='skipping checkpoint .*model-[56].safetensors: refusing'), \
+            pytest.raises(ValueError, match='refusing to load .*model-6.safetensors'):
         checkpoints.load_checkpoint(str(d))
     (d / 'checkpoints' / 'model-7.safetensors').write_bytes(b'\x08\x00\x00\x00\x00\x00\x00\x00{bad json')
-    with pytest.raises(ValueError, match='not a valid safetensors checkpoint'):
+    with pytest.warns(checkpoints.CheckpointWarning, match='skipping checkpoint .*model-[567].safetensors'), \
+            pytest.raises(ValueError, match='not a valid safetensors checkpoint'):
         checkpoints.load_checkpoint(str(d))
 
 
@@ -478,12 +482,19 @@ def test_safetensors_whose_header_length_starts_like_a_pickle(tmp_path):
     assert data[0] == 0x80
     path = tmp_path / 'model-1.safetensors'
     path.write_bytes(data)
-    assert torch.equal(checkpoints.load_checkpoint(str(path))['model.' + 'w' * n], torch.arange(3.0))
+    with pytest.warns(checkpoints.CheckpointWarning, match='has no checksum'):  # written without our metadata
+        assert torch.equal(checkpoints.load_checkpoint(str(path))['model.' + 'w' * n], torch.arange(3.0))
 
 
 @pytest.mark.slow
-def test_runs_without_tensorflow(tmp_path, shared_dir):
+def test_runs_without_tensorflow(tmp_path):
     """Everything but conversion imports and runs with tensorflow unimportable."""
+    # A checkpoint of the GPT-2 release's layout, as far as conversion reads before it imports tensorflow.
+    release = tmp_path / 'release'
+    release.mkdir()
+    (release / 'checkpoint').write_text('model_checkpoint_path: "model.ckpt"\n')
+    (release / 'model.ckpt.index').write_bytes(b'')
+    (release / 'hparams.json').write_text('{"n_vocab": 50257, "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12}')
     script = textwrap.dedent(f'''
         import importlib.abc, sys
         class Block(importlib.abc.MetaPathFinder):
@@ -506,7 +517,7 @@ def test_runs_without_tensorflow(tmp_path, shared_dir):
         rm = rewards.RewardModelTrainer(trained_models.TrainedModel('test'))
         rm.get_rewards(q, r['responses']).sum().backward()
         try:
-            convert_tf.convert_tf_checkpoint({str(shared_dir / 'gpt2-124M')!r}, {str(tmp_path / 'x')!r})
+            convert_tf.convert_tf_checkpoint({str(release)!r}, {str(tmp_path / 'x')!r})
         except ImportError as e:  # one line naming the extra that installs it
             assert type(e).__name__ == 'MissingExtra' and "pip install -e '.[tf]'" in str(e), e
         else:
@@ -514,8 +525,7 @@ def test_runs_without_tensorflow(tmp_path, shared_dir):
         assert not any(m == 'tensorflow' or m.startswith('tensorflow.') for m in sys.modules)
         print('OK')
     ''')
-    env = dict(os.environ, LMHP_GPT2_ENCODING_DIR=str(shared_dir / 'gpt2-124M'))
-    res = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, env=env, timeout=120)
+    res = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.strip().endswith('OK'), res.stderr[-3000:]
 
 

@@ -206,10 +206,11 @@ def test_test_dataset_gives_right_padded_queries(test_encoder):
         assert row[n:] == [P] * (6 - n) and n > 0
 
 
-def test_shared_books_with_gpt2(shared_dir, monkeypatch):
-    monkeypatch.setenv(encodings.ENCODING_DIR_ENV, str(shared_dir / 'gpt2-124M'))
+def test_shipped_books_with_gpt2():
+    """The public-domain books that ship with the sentiment miniature, as a local: dataset."""
+    from lm_human_preferences.sentiment_mini import BOOKS_DIR
     encoder = encodings.Main.get_encoder()
-    data = datasets.get_dataset(f'local:{shared_dir / "corpora" / "books"}').torch_dataset(
+    data = datasets.get_dataset(f'local:{BOOKS_DIR}').torch_dataset(
         64, mode='train', encoder=encoder, start_token=13, end_token=13)
     assert len(data.shards[0].order) > 700  # Alice + Pride and Prejudice: ~800 train passages, nearly all usable
     for row in data.next_batch(20).tolist():

@@ -1,5 +1,6 @@
-"""The offline demo end to end, shortened (lm_human_preferences/demo/commands.py through `launch.py train_policy
-demo`): the policy's samples score higher by the rule after PPO, and the reward model beats chance."""
+"""The offline demo end to end, shortened (lm_human_preferences/demo/ through `launch.py train_policy demo`):
+the policy's samples score higher by the rule after PPO, and the reward model beats chance. The mechanism's
+unit tests (the labels' ties and format) are in tests/test_offline.py."""
 import dataclasses
 import importlib.util
 import json
@@ -12,8 +13,8 @@ import numpy as np
 import torch
 import pytest
 
-from lm_human_preferences import label_types, lm_tasks
-from lm_human_preferences.demo import commands as demo
+from lm_human_preferences import demo, label_types, lm_tasks
+from lm_human_preferences.demo import commands
 from lm_human_preferences.language import encodings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -22,21 +23,18 @@ top_launch = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(top_launch)
 
 
-def test_rule_and_tie_breaking():
+def test_rule():
     encoder = encodings.Test.get_encoder()
     responses = torch.tensor([encoder.encode('here.were.three'), encoder.encode('a.big.dog.ran.')[:15] + [27]])
-    assert demo.rule_scores(responses, encoder).tolist() == [6.0, 0.0]  # the padding token decodes to ''
-    rng = np.random.RandomState(0)
-    picks = [demo.pick_best(np.array([[1, 3, 3, 0]]), rng)[0] for _ in range(200)]
-    assert set(picks) == {1, 2} and 60 < picks.count(1) < 140  # ties at random, never a lower score
+    assert demo.EXPERIMENT.labeler.scores(responses, encoder).tolist() == [6.0, 0.0]  # the padding token decodes to ''
 
 
 @pytest.fixture
 def short_demo(monkeypatch):
     # A narrower model and fewer labels / PPO batches than the defaults, same pipeline (~1 minute).
-    monkeypatch.setattr(demo, 'PRETRAIN', dataclasses.replace(demo.PRETRAIN, n_embd=64))
-    monkeypatch.setattr(demo, 'HELD_OUT_LABELS', 256)
-    monkeypatch.setattr(demo, 'EVAL_QUERIES', 128)
+    exp = demo.EXPERIMENT
+    monkeypatch.setattr(demo, 'EXPERIMENT', dataclasses.replace(
+        exp, pretrain=dataclasses.replace(exp.pretrain, n_embd=64), held_out_labels=256, eval_queries=128))
     return {'rewards.train_new_model.labels.num_train': '1024',
             'ppo.total_episodes': str(64 * 30),
             'run.log_interval': '100'}
@@ -46,23 +44,26 @@ def test_the_initial_model_is_resolved_once_for_all_tasks(tmp_path, monkeypatch,
     """train_policy's demo resolves its policy's and its reward model's initial model together: one line
     says which model it uses (it once said it twice)."""
     monkeypatch.setenv('LMHP_SAVED_MODELS_DIR', str(tmp_path))
-    monkeypatch.setattr(demo, 'PRETRAIN', dataclasses.replace(demo.PRETRAIN, n_embd=16, n_layer=1, steps=2))
+    exp = demo.EXPERIMENT
+    exp = dataclasses.replace(exp, pretrain=dataclasses.replace(exp.pretrain, n_embd=16, n_layer=1, steps=2, batch_size=2))
     model = str(tmp_path / 'demo')
     for _ in range(2):  # made, then found in the cache
         policy_task, reward_task = lm_tasks.TaskHParams(), lm_tasks.TaskHParams()
-        policy_task.policy.initial_model = reward_task.policy.initial_model = demo.DEMO_MODEL
-        demo.resolve_initial_model(policy_task, reward_task)
-        demo.resolve_initial_model(reward_task)  # as prepare_reward_training does next: already resolved
+        policy_task.policy.initial_model = reward_task.policy.initial_model = 'demo'
+        commands.resolve_initial_model(exp, policy_task, reward_task)
+        commands.resolve_initial_model(exp, reward_task)  # as prepare_reward_training does next: already resolved
         assert policy_task.policy.initial_model == reward_task.policy.initial_model == model
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('demo: ')]
-    assert lines == [f'demo: pretraining the initial model into {model} (1 layers, width 16, 2 steps)',
+    assert lines == [f'demo: pretraining the initial model into {model} (1 layers, width 16, 27-token vocabulary, '
+                     f'2 steps of 2 x 64 tokens)',
                      f'demo: using the pretrained initial model in {model}']
 
 
 def test_report_line_of_the_reward_model():
-    rm = dict(held_out_accuracy=0.66, chance=0.25, ceiling=0.785, train_accuracy=0.712)
+    report = dict(rm_heldout_accuracy=0.66, rm_chance_accuracy=0.25, rm_ceiling_accuracy=0.785, rm_train_accuracy=0.712,
+                  wall_time_s=1)
     assert ('reward model held-out accuracy: 66.0% (chance 25%, a perfect learner of the rule: 78.5%); on its '
-            'training labels: 71.2%') in demo.format_report(dict(reward_model=rm)).splitlines()
+            'training labels: 71.2%') in commands.format_report(demo.EXPERIMENT, report).splitlines()
 
 
 @pytest.mark.slow  # end to end: the full suite only (the fast tier is -m "not slow")
@@ -93,16 +94,15 @@ def test_short_demo_learns(tmp_path, short_demo, capsys):
     # Learning: the rule's score of the policy's samples rises well beyond the sampling noise, and the
     # reward model, trained on 1024 labels, beats chance (25%) on the 256 held-out ones (by over 3.5
     # standard deviations of a chance-level accuracy on 256 labels, 2.7%).
-    before, after = report['rule_score']['before'], report['rule_score']['after']
-    n = report['rule_score']['n']
-    stderr = np.hypot(before['std'], after['std']) / np.sqrt(n)
-    assert after['mean'] - before['mean'] > max(0.5, 4 * stderr), report['rule_score']
-    rm = report['reward_model']
-    assert rm['chance'] == 0.25 and rm['held_out_accuracy'] > 0.35, rm
-    assert rm['held_out_accuracy'] <= rm['ceiling'] + 0.1  # the ceiling is an expectation, not a bound
-    assert 0.25 < rm['train_accuracy'] <= 1  # its accuracy on its training labels (eval_train_labels)
-    ppo = report['ppo']
-    assert ppo['kl_target'] == 4.0 and ppo['ppo_batches'] == 30 and ppo['kl'] > 0
+    n = report['eval_queries']
+    stderr = np.hypot(report['rule_initial_std'], report['rule_trained_std']) / np.sqrt(n)
+    assert report['rule_trained_mean'] - report['rule_initial_mean'] > max(0.5, 4 * stderr), report
+    assert report['rm_chance_accuracy'] == 0.25 and report['rm_heldout_accuracy'] > 0.35, report
+    assert report['rm_heldout_accuracy'] <= report['rm_ceiling_accuracy'] + 0.1  # the ceiling is an expectation, not a bound
+    assert 0.25 < report['rm_train_accuracy'] <= 1  # its accuracy on its training labels (eval_train_labels)
+    assert report['kl_target'] == 4.0 and report['ppo_batches'] == 30 and report['kl'] > 0
+    assert list(report['phase_times_s']) == ['initial model', 'labels', 'train_reward', 'train_policy', 'report samples']
+    assert sum(report['phase_times_s'].values()) <= report['wall_time_s']
 
     # The learning curves were plotted at the end of both trainers, and all of them in the demo's figure.
     for png in ('train_reward_curves.png', 'train_policy_curves.png', 'demo_curves.png'):

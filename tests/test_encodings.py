@@ -1,16 +1,17 @@
 """Encoding tests: our tiktoken-based GPT-2 BPE gives the original ReversibleEncoder's ids.
 
 The reference below reimplements the original's BPE algorithm (language/encodings.py) in plain
-Python, reading the same encoder.json / vocab.bpe from ../shared/gpt2-124M.
+Python, reading the same encoder.json / vocab.bpe, which ship with the package (language/gpt2_bpe/).
 """
 
 import functools
 import hashlib
-import http.server
 import json
 import os
+import shutil
+import socket
 import tempfile
-import threading
+from pathlib import Path
 
 import pytest
 import regex
@@ -103,10 +104,8 @@ class ReferenceEncoder:
 
 
 @pytest.fixture
-def gpt2_dir(shared_dir, monkeypatch):
-    d = shared_dir / 'gpt2-124M'
-    monkeypatch.setenv(encodings.ENCODING_DIR_ENV, str(d))
-    return d
+def gpt2_dir():
+    return Path(encodings.GPT2_BPE_DIR)
 
 
 @pytest.fixture
@@ -150,38 +149,35 @@ def test_tiktoken_writes_no_cache(gpt2_dir):
     assert 'TIKTOKEN_CACHE_DIR' not in os.environ
 
 
-def test_bad_local_files(tmp_path, shared_dir, monkeypatch):
-    monkeypatch.setenv(encodings.ENCODING_DIR_ENV, str(tmp_path))
-    with pytest.raises(FileNotFoundError, match='encoder.json'):
+def test_bad_bpe_files(tmp_path, gpt2_dir, monkeypatch):
+    """A missing or altered BPE file is one line naming it (a broken install)."""
+    monkeypatch.setattr(encodings, 'GPT2_BPE_DIR', str(tmp_path))
+    encodings._tiktoken_main.cache_clear()
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'encoder.json'} is missing: GPT-2's encoder.json ships "
+                                                r"with the package \(reinstall it\)"):
         encodings.Main.get_encoder()
-    (tmp_path / 'encoder.json').write_bytes((shared_dir / 'gpt2-124M' / 'encoder.json').read_bytes()[:-2] + b'}')
-    (tmp_path / 'vocab.bpe').write_bytes((shared_dir / 'gpt2-124M' / 'vocab.bpe').read_bytes())
-    with pytest.raises(ValueError, match='Hash mismatch'):
+    (tmp_path / 'encoder.json').write_bytes((gpt2_dir / 'encoder.json').read_bytes()[:-2] + b'}')
+    shutil.copy(gpt2_dir / 'vocab.bpe', tmp_path / 'vocab.bpe')
+    with pytest.raises(ValueError, match=f"Hash mismatch: {tmp_path / 'encoder.json'} has sha256 "):
         encodings.Main.get_encoder()
+    encodings._tiktoken_main.cache_clear()
 
 
-def test_download_from_local_server(shared_dir, monkeypatch, tmp_path):
-    """Without $LMHP_GPT2_ENCODING_DIR the files are downloaded once (here from a local server laid out
-    like the original's public bucket) into datasets_dir()/downloads."""
-    root = tmp_path / 'www'
-    (root / 'gpt-2' / 'encodings' / 'main').mkdir(parents=True)
-    for f in ('encoder.json', 'vocab.bpe'):
-        (root / 'gpt-2' / 'encodings' / 'main' / f).write_bytes((shared_dir / 'gpt2-124M' / f).read_bytes())
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *args: None
-    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        monkeypatch.delenv(encodings.ENCODING_DIR_ENV, raising=False)
-        monkeypatch.setattr(encodings, 'ENCODINGS_URL', f'http://127.0.0.1:{server.server_port}/gpt-2/encodings')
-        enc = encodings.Main.get_encoder()
-        assert enc.encode('Hello world') == [15496, 995]
-        cached = os.path.join(os.environ['LMHP_DATASETS_DIR'], 'downloads', f'127.0.0.1:{server.server_port}',
-                              'gpt-2', 'encodings', 'main', 'vocab.bpe')
-        assert os.path.isfile(cached)
-    finally:
-        server.shutdown()
-        server.server_close()
+def test_main_needs_no_network(monkeypatch):
+    """The shipped files are GPT-2's (the sha256s tiktoken expects, with their MIT license beside them),
+    and the `main` encoding is built from them with every connection refused (the original downloaded
+    them)."""
+    shipped = Path(encodings.GPT2_BPE_DIR)
+    for name, digest in encodings._MAIN_HASHES.items():
+        assert hashlib.sha256((shipped / name).read_bytes()).hexdigest() == digest
+    assert 'Copyright (c) 2019 OpenAI' in (shipped / 'LICENSE').read_text(encoding='utf-8')
+
+    def refuse(*args, **kwargs):
+        raise AssertionError('the main encoding tried to connect')
+    monkeypatch.setattr(socket, 'create_connection', refuse)
+    monkeypatch.setattr(socket.socket, 'connect', refuse)
+    encodings._tiktoken_main.cache_clear()
+    assert encodings.Main.get_encoder().encode('Hello world') == [15496, 995]
 
 
 def test_test_encoding():

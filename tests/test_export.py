@@ -134,12 +134,6 @@ def test_sample_py_export_command(tmp_path, capsys):
 
 # ---- the tokenizer (once not written: AutoTokenizer silently gave an empty one, vocab_size 0) ----
 
-@pytest.fixture
-def gpt2_bpe(shared_dir, monkeypatch):
-    """GPT-2's BPE files (the `main` encoding) from ../shared."""
-    monkeypatch.setenv(encodings.ENCODING_DIR_ENV, str(shared_dir / 'gpt2-124M'))
-
-
 def _random_model_dir(path, encoding, n_ctx=40):
     """A saved policy of ours with large random weights (greedy choices far from ties)."""
     hparams = model.HParams(n_vocab=encoding.n_vocab, n_ctx=n_ctx, n_embd=32, n_head=4, n_layer=2)
@@ -157,11 +151,9 @@ QUERIES = {'test': ['the.river.is.a.', 'by.the.bridge.', 'every.eve.'],
 
 
 @pytest.mark.parametrize('encoding_name', ['test', pytest.param('main', marks=pytest.mark.slow)])
-def test_auto_tokenizer_and_generate_reproduce_our_samples(encoding_name, tmp_path, request):
+def test_auto_tokenizer_and_generate_reproduce_our_samples(encoding_name, tmp_path):
     """AutoTokenizer + GPT2LMHeadModel.generate on the export give our policy's sample texts (greedy: our
     sampler at temperature 0), prompts of different lengths padded in one batch as the printed usage does."""
-    if encoding_name == 'main':
-        request.getfixturevalue('gpt2_bpe')
     encoding = encodings.get(encoding_name)
     policy_dir = _random_model_dir(tmp_path / 'policy', encoding)
     hf_export.export(str(policy_dir), str(tmp_path / 'hf'))
@@ -186,10 +178,8 @@ def test_auto_tokenizer_and_generate_reproduce_our_samples(encoding_name, tmp_pa
 
 
 @pytest.mark.parametrize('encoding_name', ['test', 'main'])
-def test_padding_never_masks_a_character_of_the_prompt(encoding_name, tmp_path, request):
+def test_padding_never_masks_a_character_of_the_prompt(encoding_name, tmp_path):
     """The pad token is no character of a prompt: `.` as the test model's pad made generate mask every `.`."""
-    if encoding_name == 'main':
-        request.getfixturevalue('gpt2_bpe')
     encoding = encodings.get(encoding_name)
     hf_export.export(str(_random_model_dir(tmp_path / 'policy', encoding)), str(tmp_path / 'hf'))
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / 'hf'))

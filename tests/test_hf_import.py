@@ -17,13 +17,6 @@ transformers = pytest.importorskip('transformers')  # the `test` extra
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def gpt2_bpe(shared_dir, monkeypatch):
-    """GPT-2's BPE files (the `main` encoding) from ../shared."""
-    monkeypatch.setenv(encodings.ENCODING_DIR_ENV, str(shared_dir / 'gpt2-124M'))
-    return shared_dir / 'gpt2-124M'
-
-
 def _randomize(hf):
     """Every parameter random, layer norms and biases included (a wrong mapping of any tensor shows)."""
     torch.manual_seed(0)
@@ -48,12 +41,13 @@ def _hf_folder(path, *, n_vocab, tokenizer=None, **config):
 
 
 @pytest.fixture
-def gpt2_folder(gpt2_bpe, tmp_path):
+def gpt2_folder(tmp_path):
     """A GPT2LMHeadModel folder written by transformers (random weights) with GPT-2's own tokenizer."""
     files = tmp_path / 'tokenizer-files'  # GPT-2's tokenizer files under the hub's names
     files.mkdir()
-    (files / 'vocab.json').write_bytes((gpt2_bpe / 'encoder.json').read_bytes())
-    (files / 'merges.txt').write_bytes((gpt2_bpe / 'vocab.bpe').read_bytes())
+    encoder_json, vocab_bpe = encodings.Main.bpe_files()  # the shipped copies
+    (files / 'vocab.json').write_bytes(Path(encoder_json).read_bytes())
+    (files / 'merges.txt').write_bytes(Path(vocab_bpe).read_bytes())
     tokenizer = transformers.GPT2TokenizerFast.from_pretrained(str(files))
     hf = _hf_folder(tmp_path / 'gpt2-random', n_vocab=50257, tokenizer=tokenizer)
     return hf, tmp_path / 'gpt2-random'

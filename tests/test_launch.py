@@ -171,7 +171,7 @@ def test_help_on_every_command_and_sub_command(capsys, monkeypatch):
                 assert commands[name].__doc__.split()[0] in out  # its description
         if program == 'launch.py':
             code, out, _ = _main_exit(commands, ['train_policy', 'sentiment', 'x', '--help'], capsys)
-            for exp in ('sentiment', 'descriptiveness', 'cnndm', 'tldr', 'test', 'demo'):
+            for exp in ('sentiment', 'descriptiveness', 'cnndm', 'tldr', 'test', 'demo', 'sentiment_mini'):
                 assert f'\n  {exp} ' in out
             assert '--mpi 8: books queries (64+24 tokens), model 124M' in out
             assert 'most used hparams' in out and '--run.microbatch_size' in out and '--ppo.lr' in out
@@ -193,7 +193,7 @@ def test_help_says_what_an_unset_option_means(capsys, monkeypatch):
     assert out['sample'].startswith('usage: sample.py sample --save_dir SAVE_DIR [--savescope SAVESCOPE] ')
     assert '\n  --save_dir (required)\n' in out['sample'] and '\n  --seed (random)\n' in out['sample']
     assert out['export'].startswith('usage: sample.py export --save_dir SAVE_DIR --out OUT [--savescope SAVESCOPE]')
-    assert "\n  --mpi (the experiment's: 1 for test and demo, 8 for the paper's)\n" in out['train_policy']
+    assert "\n  --mpi (the experiment's: 1 for test, demo, sentiment_mini, 8 for the paper's)\n" in out['train_policy']
     assert '\n  --procs (one per GPU, at most --mpi and a divisor of it; 1 on a CPU;' in out['train_reward']
 
 
@@ -264,15 +264,16 @@ def test_dry_run_every_experiment(command, tmp_path):
 @pytest.mark.parametrize('command', ['train_reward', 'train_policy'])
 def test_paper_experiments_run_as_the_originals_8_ranks(command, monkeypatch):
     """The paper's experiments default to the original's 8 ranks (mpi=8), carried on a CPU by one process
-    (on GPUs: one per GPU); ours, test and demo, are sized for one rank. --mpi and --procs override."""
+    (on GPUs: one per GPU); ours, test, demo and sentiment_mini, are sized for one rank. --mpi and --procs
+    override."""
     calls = {}
     monkeypatch.setattr(launch, 'launch_trials', lambda name, **kw: calls.__setitem__(name, (kw['mpi'], kw['procs'])))
     fn = dict(train_reward=top_launch.launch_train_reward, train_policy=top_launch.launch_train_policy)[command]
-    for exp in ('sentiment', 'descriptiveness', 'cnndm', 'tldr', 'test', 'demo'):
+    for exp in ('sentiment', 'descriptiveness', 'cnndm', 'tldr', 'test', 'demo', 'sentiment_mini'):
         fn(exp, exp)
     fn('sentiment', 'custom', mpi=4, procs=2)
     assert calls == dict(sentiment=(8, None), descriptiveness=(8, None), cnndm=(8, None), tldr=(8, None),
-                         test=(1, None), demo=(1, None), custom=(4, 2))
+                         test=(1, None), demo=(1, None), sentiment_mini=(1, None), custom=(4, 2))
     assert launch.default_procs(8) == (max(p for p in (1, 2, 4, 8) if p <= torch.cuda.device_count())
                                        if torch.cuda.is_available() else 1)
 

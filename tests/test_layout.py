@@ -23,3 +23,32 @@ def test_import_datasets_from_repo_root_gets_the_library():
     assert 'site-packages' in path.split(os.sep), path
     assert not path.startswith(str(REPO_ROOT / 'datasets') + os.sep)  # (a venv may live inside the repo)
     assert has_load == 'True'
+
+
+def test_our_warnings_fail_the_tests_that_do_not_expect_them():
+    """Every warning class of the library is an error under pytest (pyproject's filterwarnings): a test that
+    triggers one must say so (pytest.warns), so a green run shows no warnings summary of expected ones."""
+    import re
+    import tomllib
+    classes = set()
+    for path in (REPO_ROOT / 'lm_human_preferences').rglob('*.py'):
+        module = '.'.join(path.relative_to(REPO_ROOT).with_suffix('').parts)
+        classes |= {f'{module}.{name}' for name in re.findall(r'^class (\w+Warning)\(', path.read_text(), re.MULTILINE)}
+    assert len(classes) >= 3, classes
+    filters = tomllib.loads((REPO_ROOT / 'pyproject.toml').read_text())['tool']['pytest']['ini_options']['filterwarnings']
+    assert {f'error::{c}' for c in classes} <= set(filters), sorted(classes)
+
+
+@pytest.mark.slow
+def test_a_clone_without_shared_files_runs_every_test_but_one_that_says_how_to_get_them(tmp_path):
+    """The tests that read OpenAI's BPE files or the books use the copies that ship with the package; the one
+    that needs more of OpenAI's public GPT-2 files skips saying which files and where to download them."""
+    tests = ['tests/test_encodings.py', 'tests/test_datasets.py::test_shipped_books_with_gpt2',
+             'tests/test_lm_tasks.py::test_query_sampler_on_shipped_books', 'tests/test_converter.py::test_gpt2_124m_name_map']
+    env = dict(os.environ, LMHP_TEST_SHARED_DIR=str(tmp_path / 'no-shared'))
+    out = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-rs', '-p', 'no:cacheprovider', *tests], cwd=REPO_ROOT,
+                         env=env, capture_output=True, text=True, timeout=300).stdout
+    skips = [line for line in out.splitlines() if line.startswith('SKIPPED')]
+    assert len(skips) == 1 and '9 passed, 1 skipped' in out, out[-3000:]
+    assert (f"needs OpenAI's public GPT-2 124M files hparams.json, model.ckpt.index in {tmp_path / 'no-shared' / 'gpt2-124M'}: "
+            f"download them from https://openaipublic.blob.core.windows.net/gpt-2/models/124M/<file>") in skips[0]

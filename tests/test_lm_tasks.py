@@ -73,11 +73,11 @@ def test_query_sampler_on_the_test_dataset():
     assert 0 <= int(first.min()) and int(first.max()) <= encoder.padding_token
 
 
-def test_query_sampler_on_shared_books(shared_dir, monkeypatch):
-    monkeypatch.setenv(encodings.ENCODING_DIR_ENV, str(shared_dir / 'gpt2-124M'))
+def test_query_sampler_on_shipped_books():
+    from lm_human_preferences.sentiment_mini import BOOKS_DIR
     encoder = encodings.Main.get_encoder()
     # launch.py's books_task.
-    hparams = task(query_length=64, query_dataset=f'local:{shared_dir / "corpora" / "books"}', response_length=24,
+    hparams = task(query_length=64, query_dataset=f'local:{BOOKS_DIR}', response_length=24,
                    start_text='.', end_text='.')
     batch = lm_tasks.make_query_sampler(hparams=hparams, encoder=encoder, batch_size=16, mode='test')()['tokens']
     assert batch.shape == (16, 64)

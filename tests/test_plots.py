@@ -119,11 +119,13 @@ def test_combined_figure_panels(tmp_path, monkeypatch):
     plots.plot_combined(str(tmp_path), str(tmp_path / 'a.png'))
     assert titles == [t for _, t in plots.POLICY_PANELS] + [t for _, t in plots.REWARD_PANELS]
     # Extra panels come last: the demo adds the rule score of samples before and after PPO.
-    from lm_human_preferences.demo import commands as demo
+    from lm_human_preferences import demo
+    from lm_human_preferences.demo import commands
     titles.clear()
-    rule = {'n': 256, 'before': {'mean': 2.8, 'std': 1.2}, 'after': {'mean': 5.2, 'std': 1.5}}
-    plots.plot_combined(str(tmp_path), str(tmp_path / 'b.png'), extra_panels=[demo.rule_panel(rule)])
-    assert titles[-1] == 'demo: rule score of samples on 256 test queries' and len(titles) == 8
+    report = {'eval_queries': 256, 'rule_initial_mean': 2.8, 'rule_initial_std': 1.2,
+              'rule_trained_mean': 5.2, 'rule_trained_std': 1.5}
+    plots.plot_combined(str(tmp_path), str(tmp_path / 'b.png'), extra_panels=[commands.score_panel(demo.EXPERIMENT, report)])
+    assert titles[-1] == 'demo: rule score of 256 samples on test queries' and len(titles) == 8
 
 
 # ---- what the figures show (read back through matplotlib's objects) ----
@@ -183,14 +185,15 @@ def _demo_run(save_dir):
     with open(save_dir / 'train_reward_stats.jsonl', 'a') as f:
         f.write(json.dumps({'step': 20, 'eval_train/loss': 1.0, 'eval_train/accuracy': 0.7}) + '\n')
     (save_dir / 'demo_report.json').write_text(json.dumps(dict(
-        rule_score={'n': 256, 'before': {'mean': 2.7, 'std': 1.3}, 'after': {'mean': 5.0, 'std': 1.4}},
-        ppo={'kl': 3.6}, reward_model={'held_out_accuracy': 0.55, 'chance': 0.25, 'ceiling': 0.785})))
+        eval_queries=256, rule_initial_mean=2.7, rule_initial_std=1.3, rule_trained_mean=5.0, rule_trained_std=1.4,
+        kl=3.6, rm_heldout_accuracy=0.55, rm_chance_accuracy=0.25, rm_ceiling_accuracy=0.785)))
 
 
 def test_accuracy_panel_shows_training_labels_chance_and_the_demos_ceiling(tmp_path, figures):
-    from lm_human_preferences.demo import commands as demo
+    from lm_human_preferences import demo
+    from lm_human_preferences.demo import commands
     _demo_run(tmp_path)
-    path = demo.plot_report(str(tmp_path))
+    path = commands.plot_report(demo.EXPERIMENT, str(tmp_path))
     assert path == str(tmp_path / 'demo_curves.png') and _is_png(Path(path))
     accuracy = _axes(figures[path])['reward model accuracy']
     bars = {t.get_text(): p.get_height() for t, p in zip(accuracy.get_xticklabels(), accuracy.patches)}
@@ -198,7 +201,7 @@ def test_accuracy_panel_shows_training_labels_chance_and_the_demos_ceiling(tmp_p
     assert _legend(accuracy) == ['chance 25%', 'a perfect learner of the rule 78.5%']
     assert [line.get_ydata()[0] for line in accuracy.get_lines()] == [0.25, 0.785]
     # No report, no demo figure.
-    assert demo.plot_report(str(tmp_path / 'elsewhere')) is None
+    assert commands.plot_report(demo.EXPERIMENT, str(tmp_path / 'elsewhere')) is None
 
 
 def _rows_of(fig):
@@ -234,7 +237,7 @@ def test_plot_command_draws_the_demos_figure(tmp_path, figures, capsys):
     names = ['train_reward_curves.png', 'train_policy_curves.png', 'demo_curves.png']
     assert capsys.readouterr().out.splitlines() == [str(tmp_path / n) for n in names]
     demo_titles = [ax.get_title() for row in _rows_of(figures[str(tmp_path / 'demo_curves.png')]) for ax in row]
-    assert len(demo_titles) == 8 and demo_titles[-1] == 'demo: rule score of samples on 256 test queries'
+    assert len(demo_titles) == 8 and demo_titles[-1] == 'demo: rule score of 256 samples on test queries'
     out = tmp_path / 'fig.png'
     launch.main(top_sample.COMMANDS, argv=['plot', '--save_dir', str(tmp_path), '--out', str(out)])
     fig = figures[str(out)]

@@ -13,12 +13,10 @@ import os
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 
-from lm_human_preferences.utils import gcs
-
-ENCODINGS_URL = 'https://openaipublic.blob.core.windows.net/gpt-2/encodings'
-
-# Set to a directory holding encoder.json and vocab.bpe to use local copies instead of downloading.
-ENCODING_DIR_ENV = 'LMHP_GPT2_ENCODING_DIR'
+# GPT-2's encoder.json and vocab.bpe ship with the package (gpt2_bpe/README.md: source, sha256s, MIT
+# license), so that the `main` encoding needs no network; the original read them from
+# gs://gpt-2/encodings/main at run time.
+GPT2_BPE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'gpt2_bpe')
 
 # sha256 of GPT-2's encoder.json and vocab.bpe (the hashes tiktoken's own gpt2() expects).
 _MAIN_HASHES = {
@@ -75,6 +73,8 @@ class TestEncoder:
 
 
 def _check_hash(path, filename):
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} is missing: GPT-2's {filename} ships with the package (reinstall it)")
     with open(path, 'rb') as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     if digest != _MAIN_HASHES[filename]:
@@ -108,21 +108,10 @@ class Encoding:
         self.eot_token = eot_token
         self.n_vocab = n_vocab
 
-    def _file(self, filename):
-        """Local path of one of this encoding's BPE files: from $LMHP_GPT2_ENCODING_DIR if set, else
-        downloaded once from the original's public URL (the original read gs://gpt-2/encodings/<name>)."""
-        local_dir = os.environ.get(ENCODING_DIR_ENV)
-        if local_dir:
-            path = os.path.join(local_dir, filename)
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f'{path} does not exist (${ENCODING_DIR_ENV} = {local_dir})')
-            return path
-        return gcs.download_file_cached(f'{ENCODINGS_URL}/{self.name}/{filename}')
-
     def bpe_files(self):
-        """Ours: the paths of this BPE encoding's encoder.json and vocab.bpe (GPT-2's vocabulary and merges:
-        the Hugging Face import compares a tokenizer with them, the export writes them)."""
-        return self._file('encoder.json'), self._file('vocab.bpe')
+        """Ours: the paths of this BPE encoding's encoder.json and vocab.bpe (GPT-2's vocabulary and merges,
+        shipped in GPT2_BPE_DIR: the Hugging Face import compares a tokenizer with them, the export writes them)."""
+        return os.path.join(GPT2_BPE_DIR, 'encoder.json'), os.path.join(GPT2_BPE_DIR, 'vocab.bpe')
 
     def get_encoder(self):
         if self.name == 'test':

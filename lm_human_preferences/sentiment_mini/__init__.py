@@ -1,0 +1,62 @@
+"""The paper's sentiment task in miniature (ours): `python launch.py train_policy sentiment_mini NAME`.
+
+The paper's `sentiment` experiment (continue book passages so that the continuations become more
+positive, as labelers who picked the best of four judged, under a KL penalty) on a CPU in minutes, with
+nothing downloaded, through the offline experiments' mechanism (demo/commands.py):
+
+- The real `main` encoding: OpenAI's GPT-2 BPE (50,257 tokens, padding token 50259), through
+  encodings.Main as every run of the paper.
+- Real English: the public-domain books in books/ (README there: sources, sha256s, license), read
+  through the books task's query pipeline as the `sentiment_mini` query dataset (the `local:` recipe of
+  datasets/local.py); launch.py's books task is unchanged but for the dataset and the model.
+- Initial model: a small GPT-2 on that vocabulary, pretrained on the books' train split and cached in
+  saved_models_dir()/sentiment_mini.
+- Labeler: VADER (vader.py), a published sentiment model, picks the most positive of the initial
+  policy's 4 responses to each query: the paper's sentiment instructions with VADER in the labelers' seat.
+
+Importing this package registers the `sentiment_mini` query dataset (sample.py does, to sample from a
+run's policy); it imports vaderSentiment only when labels are made.
+"""
+
+from functools import partial
+from pathlib import Path
+
+from lm_human_preferences.datasets.local import local_texts
+from lm_human_preferences.demo import commands
+from lm_human_preferences.language import datasets, encodings
+from lm_human_preferences.sentiment_mini import vader
+
+NAME = 'sentiment_mini'
+BOOKS_DIR = Path(__file__).with_name('books')
+
+# The query dataset: the books' passages (not cached as texts: they ship with the code; the prepared
+# queries are cached, keyed by the texts' hash).
+SentimentMini = datasets.Dataset(NAME, texts=partial(local_texts, BOOKS_DIR), cache_texts=False)
+
+
+def pretraining_corpus():
+    """The passages of the train split, in book order, as one text: the test queries' passages are left out."""
+    return ' '.join(local_texts(BOOKS_DIR, 'train'))
+
+
+EXPERIMENT = commands.OfflineExperiment(
+    name=NAME,
+    encoding=encodings.Main,
+    corpus=pretraining_corpus,
+    # n_ctx 96 >= the books task's 64 query + 24 response tokens.
+    pretrain=commands.PretrainHParams(n_layer=2, n_embd=128, n_head=4, n_ctx=96, steps=400, batch_size=8, lr=3e-3),
+    labeler=commands.Labeler(name='vader', description='VADER (vaderSentiment): prefer the most positive response '
+                                                       '(the highest compound score)',
+                             score_name='VADER compound score', score=vader.compound_score, title='VADER'),
+    cpu_threads=1,
+)
+
+
+# launch.py's entry points for the `sentiment_mini` experiments (EXPERIMENT read at call time: tests
+# shorten it).
+def train_policy(hparams):
+    return commands.train_policy(EXPERIMENT, hparams)
+
+
+def train_reward(hparams):
+    return commands.train_reward(EXPERIMENT, hparams)

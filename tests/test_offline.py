@@ -1,0 +1,180 @@
+"""The offline experiments' mechanism (lm_human_preferences/demo/commands.py) and the sentiment miniature's
+parts (lm_human_preferences/sentiment_mini/): the labelers, their ties, the label file they write (read back
+through train_reward's normal path), the pretraining loss, and the miniature's task and dataset. Fast: no
+end-to-end run (those are tests/test_demo.py and tests/test_sentiment_mini.py, in the slow tier)."""
+import dataclasses
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lm_human_preferences import demo, label_types, sentiment_mini, train_reward
+from lm_human_preferences.demo import commands
+from lm_human_preferences.language import checkpoints, datasets, encodings, model
+from lm_human_preferences.sentiment_mini import vader
+from lm_human_preferences.utils import hyperparams
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location('top_launch', REPO_ROOT / 'launch.py')
+top_launch = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(top_launch)
+
+
+def test_pick_best_breaks_ties_at_random():
+    rng = np.random.RandomState(0)
+    picks = [commands.pick_best(np.array([[1, 3, 3, 0]]), rng)[0] for _ in range(200)]
+    assert set(picks) == {1, 2} and 60 < picks.count(1) < 140  # ties at random, never a lower score
+
+
+def test_demo_rule():
+    encoder = encodings.Test.get_encoder()
+    responses = torch.tensor([encoder.encode('here.were.three'), encoder.encode('a.big.dog.ran.')[:15] + [27]])
+    assert demo.EXPERIMENT.labeler.scores(responses, encoder).tolist() == [6.0, 0.0]  # the padding token decodes to ''
+
+
+def test_vader_labeler_prefers_the_most_positive_response():
+    labeler = sentiment_mini.EXPERIMENT.labeler
+    encoder = encodings.Main.get_encoder()
+    texts = [' She was very happy, and he loved her dearly.', ' It was a dreadful, miserable evening.',
+             ' The carriage stood at the door.', ' She was happy.']
+    pad = encoder.padding_token
+    responses = torch.tensor([(encoder.encode(t) + [pad] * 16)[:16] for t in texts])
+    scores = labeler.scores(responses, encoder).numpy()
+    assert scores[0] > scores[3] > 0 and scores[1] < 0 and scores[2] == 0  # VADER's compound, in [-1, 1]
+    assert scores.tolist() == [vader.compound_score(t) for t in texts]  # the padding decodes to ''
+    assert commands.pick_best(scores[None], np.random.RandomState(0)).tolist() == [0]
+    # Neutral responses tie (compound 0): the best is any of them, at random.
+    neutral = np.array([[labeler.score(' The carriage stood at the door.'), labeler.score(' He read the letter.'),
+                         labeler.score(' It was a dreadful evening.'), labeler.score(' They walked to the town.')]])
+    assert neutral[0, [0, 1, 3]].tolist() == [0, 0, 0] and neutral[0, 2] < 0
+    rng = np.random.RandomState(0)
+    assert {commands.pick_best(neutral, rng)[0] for _ in range(100)} == {0, 1, 3}
+
+
+def test_labeler_ceiling_counts_ties():
+    encoder = encodings.Main.get_encoder()
+    labeler = sentiment_mini.EXPERIMENT.labeler
+    happy, neutral = encoder.encode(' She was happy.'), encoder.encode(' The door.')
+    records = [dict(query=[0], best=0, sample0=happy, sample1=neutral, sample2=neutral, sample3=neutral),
+               dict(query=[0], best=1, sample0=neutral, sample1=neutral, sample2=neutral, sample3=neutral)]
+    assert commands.labeler_ceiling(labeler, records, encoder) == pytest.approx((1 + 1 / 4) / 2)
+
+
+def test_missing_vader_is_one_line(monkeypatch):
+    import builtins
+    real_import = builtins.__import__
+
+    def no_vader(name, *args, **kwargs):
+        if name.startswith('vaderSentiment'):
+            raise ImportError(f'No module named {name!r}')
+        return real_import(name, *args, **kwargs)
+    vader._analyzer.cache_clear()
+    monkeypatch.setattr(builtins, '__import__', no_vader)
+    try:
+        with pytest.raises(ImportError, match=r"^the sentiment miniature's labeler is VADER, which is not installed: "
+                                              r"pip install vaderSentiment \(it is in requirements.txt\)$"):
+            vader.compound_score('good')
+    finally:
+        vader._analyzer.cache_clear()
+
+
+def _random_main_model(directory):
+    """A tiny random GPT-2 on the real 50,257-token BPE, saved as an initial model."""
+    torch.manual_seed(0)
+    hp = model.HParams(n_vocab=encodings.Main.n_vocab, n_ctx=96, n_embd=8, n_head=2, n_layer=1)
+    checkpoints.save_checkpoint(str(directory), 0, model.Model(hp), hparams=hp, encoding=encodings.Main)
+    return str(directory)
+
+
+def test_vader_labels_in_the_original_format_read_back_by_train_reward(tmp_path):
+    """The sentiment miniature's labels for the books task's queries (a tiny random model answers): the
+    original's best_of_4 records, `best` a most positive sample by VADER, read back (and validated) by
+    train_reward.download_labels with the held-out records after labels.num_train."""
+    hparams = train_reward.HParams()
+    hparams.override_from_dict({k: v for k, v, _ in top_launch.get_train_reward_experiments()['sentiment_mini'][0]})
+    hparams.task.policy.initial_model = _random_main_model(tmp_path / 'initial')
+    hparams.labels.num_train, hparams.rollout_batch_size = 6, 8  # one batch of 8 queries
+    exp = dataclasses.replace(sentiment_mini.EXPERIMENT, held_out_labels=2)
+    ceiling = commands.prepare_reward_training(exp, hparams, str(tmp_path))
+    path = tmp_path / 'sentiment_mini_labels.json'
+    assert hparams.labels.source == str(path)
+    records = json.loads(path.read_text())
+    assert len(records) == 8 and all(sorted(r) == ['best', 'query', 'sample0', 'sample1', 'sample2', 'sample3']
+                                      for r in records)
+    encoder = encodings.Main.get_encoder()
+    for r in records:
+        assert len(r['query']) == 64 and all(len(r[f'sample{i}']) == 24 for i in range(4))
+        scores = [vader.compound_score(encoder.decode(r[f'sample{i}'])) for i in range(4)]
+        assert scores[r['best']] == max(scores)
+        assert encoder.decode(r['query']).endswith('.')  # the books pipeline: cut back to the last '.'
+    assert 0.25 <= ceiling <= 1
+
+    label_type = label_types.get('best_of_4')
+    train, held_out = train_reward.download_labels(
+        str(path), label_type, label_type.question_schemas(query_length=64, response_length=24), 6,
+        n_vocab=encodings.Main.n_vocab, padding_token=encoder.padding_token)
+    assert train['sample0'].shape == (6, 24) and held_out['query'].shape == (2, 64)
+    assert held_out['best'].tolist() == [r['best'] for r in records[6:]]
+    # A rerun in the same save dir reuses them; one needing another number of labels is refused.
+    hparams.labels.source = 'sentiment_mini'
+    hparams.labels.num_train = 20
+    with pytest.raises(ValueError, match=f'{path} holds 8 label records, this run needs 22 .*choose another --save_dir'):
+        commands.prepare_reward_training(exp, hparams, str(tmp_path))
+
+
+def test_pretraining_loss_is_cross_entropy():
+    """The chunked cross-entropy of the pretraining: F.cross_entropy's value and gradients."""
+    torch.manual_seed(0)
+    n = commands._LinearCrossEntropy.CHUNK * 2 + 5  # three chunks, the last short
+    h = torch.randn(n, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(300, 16, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 300, (n,))
+    ours = commands._LinearCrossEntropy.apply(h, w, targets)
+    grads = torch.autograd.grad(3 * ours, [h, w])
+    theirs = F.cross_entropy(F.linear(h, w), targets)
+    expected = torch.autograd.grad(3 * theirs, [h, w])
+    assert ours.item() == pytest.approx(theirs.item(), abs=1e-12)
+    for a, b in zip(grads, expected):
+        assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_sentiment_mini_task_is_the_books_task_but_dataset_and_model():
+    books = dict((k, v) for k, v, _ in top_launch.books_task[0])
+    mini = dict((k, v) for k, v, _ in top_launch.sentiment_mini_task[0])
+    assert {k for k in books if books[k] != mini[k]} == {'query_dataset', 'policy.initial_model'}
+    assert mini['query_dataset'] == mini['policy.initial_model'] == 'sentiment_mini'
+    assert (mini['query_length'], mini['response_length'], mini['truncate_token'], mini['truncate_after'],
+            mini['policy.temperature']) == (64, 24, 13, 16, 0.7)
+    with pytest.raises(AssertionError, match=r"not bound in the experiment: \['nope'\]"):
+        top_launch._rebind(top_launch.books_task, {'nope': 1})
+
+
+def test_sentiment_mini_queries_are_book_passages():
+    """The `sentiment_mini` dataset: the shipped books through the books task's query pipeline (64 GPT-2
+    tokens after a '.', cut back to the last '.', padded with 50259)."""
+    encoder = encodings.Main.get_encoder()
+    data = datasets.get_dataset('sentiment_mini')
+    train = data.torch_dataset(64, mode='train', encoder=encoder, start_token=13, end_token=13)
+    test = data.torch_dataset(64, mode='test', encoder=encoder, start_token=13, end_token=13)
+    assert len(train.shards[0].order) > 700 and len(test.shards[0].order) > 35  # every 20th passage is test
+    for row in test.next_batch(16).tolist():
+        real = [t for t in row if t != 50259]
+        assert real[-1] == 13 and row[len(real):] == [50259] * (64 - len(real)) and len(real) > 20
+    # The pretraining corpus is the train split: no test passage in it.
+    corpus = sentiment_mini.pretraining_corpus()
+    from lm_human_preferences.datasets.local import local_texts
+    assert all(p not in corpus for p in local_texts(sentiment_mini.BOOKS_DIR, 'test')[:5])
+    assert 'It is a truth universally acknowledged' in corpus
+
+
+def test_phases_split():
+    phases = commands._Phases()
+    phases.spans = {'labels': (0.0, 1.0), 'training': (1.0, 11.0)}
+    phases.split('training', 'train_reward', 'train_policy', at=4.0)
+    assert phases.seconds() == {'labels': 1.0, 'train_reward': 3.0, 'train_policy': 7.0}
+    phases.split('train_policy', 'a', 'b', at=None)  # nothing written: all of it in the second
+    assert phases.seconds()['a'] == 0 and phases.seconds()['b'] == 7.0

@@ -125,7 +125,7 @@ def test_combined_figure_panels(tmp_path, monkeypatch):
     report = {'eval_queries': 256, 'rule_initial_mean': 2.8, 'rule_initial_std': 1.2,
               'rule_trained_mean': 5.2, 'rule_trained_std': 1.5}
     plots.plot_combined(str(tmp_path), str(tmp_path / 'b.png'), extra_panels=[commands.score_panel(demo.EXPERIMENT, report)])
-    assert titles[-1] == 'demo: rule score of 256 samples on test queries' and len(titles) == 8
+    assert titles[-1] == 'rule score of 256 samples\non test queries' and len(titles) == 8
 
 
 # ---- what the figures show (read back through matplotlib's objects) ----
@@ -237,7 +237,7 @@ def test_plot_command_draws_the_demos_figure(tmp_path, figures, capsys):
     names = ['train_reward_curves.png', 'train_policy_curves.png', 'demo_curves.png']
     assert capsys.readouterr().out.splitlines() == [str(tmp_path / n) for n in names]
     demo_titles = [ax.get_title() for row in _rows_of(figures[str(tmp_path / 'demo_curves.png')]) for ax in row]
-    assert len(demo_titles) == 8 and demo_titles[-1] == 'demo: rule score of 256 samples on test queries'
+    assert len(demo_titles) == 8 and demo_titles[-1] == 'rule score of 256 samples\non test queries'
     out = tmp_path / 'fig.png'
     launch.main(top_sample.COMMANDS, argv=['plot', '--save_dir', str(tmp_path), '--out', str(out)])
     fig = figures[str(out)]

@@ -469,7 +469,7 @@ def score_panel(exp: OfflineExperiment, report):
         names = [f'{name}\n{mean:.2f} ± {std:.2f}' for name, (mean, std) in zip(('initial policy', 'trained policy'), stats)]
         ax.bar(names, [mean for mean, _ in stats], yerr=[std for _, std in stats], capsize=6, color=['C7', 'C0'])
         ax.set_ylabel(f'{exp.labeler.score_name} (mean ± std)')
-    return draw, f"{exp.name}: {exp.labeler.score_name} of {report['eval_queries']} samples on test queries"
+    return draw, f"{exp.labeler.score_name} of {report['eval_queries']} samples\non test queries"  # two lines: one is too wide
 
 
 def report_file(exp: OfflineExperiment, save_dir):

@@ -282,8 +282,8 @@ def advised_microbatch_size(shape, gib=24):
     from lm_human_preferences.language import model
     hp, _ = paper_config(shape)
     budget = int((gib - 0.5) * 2 ** 30 * memory.USABLE_FRACTION)
-    return memory.plan(train_policy.memory_passes(hp), model.HParams(**GPT2_124M), resident=3, trained=1, bf16=True,
-                       budget=budget).microbatch_size
+    return memory.plan(train_policy.memory_passes(hp), model.HParams(**GPT2_124M), **train_policy.MEMORY_MODELS,
+                       bf16=True, budget=budget).microbatch_size
 
 
 if __name__ == '__main__':

@@ -602,6 +602,11 @@ def make_score_fn(hparams, score_model, microbatch_size=None):
     return score_fn
 
 
+# Ours: the models a policy run holds, for utils/memory.py: the policy, its reference and the reward model
+# resident; the policy trained (its gradients and Adam's moments).
+MEMORY_MODELS = dict(resident=3, trained=1)
+
+
 def memory_passes(hparams: HParams):
     """Ours: the model passes of this process, for utils/memory.py: sampling, the forwards that score and take
     logprobs, and the PPO loss; the ranks side by side, the batch shared by the processes."""
@@ -632,8 +637,8 @@ def train(hparams: HParams):
         device = utils.get_device()
         # Ours: run.microbatch_size 'auto' becomes a number, planned for this device's free memory (the
         # run's hparams file keeps 'auto': a rerun plans again).
-        hparams.run.microbatch_size = memory.resolve(hparams.run, memory_passes(hparams), m.hparams(), resident=3,
-                                                     trained=1, device=device, what='train_policy')
+        hparams.run.microbatch_size = memory.resolve(hparams.run, memory_passes(hparams), m.hparams(), **MEMORY_MODELS,
+                                                     device=device, what='train_policy')
         score_model = TrainedRewardModel(hparams.rewards.trained_model, m.encoding,
                                          allow_untrained_head=hparams.rewards.allow_untrained_head).to(device)
 

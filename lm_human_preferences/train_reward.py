@@ -116,7 +116,7 @@ class HParams(hyperparams.HParams):
         microbatch_size = self.run.microbatch_size
         if microbatch_size not in (None, 'auto'):
             # The label type's loss compares a label's samples in one pass: they share a microbatch.
-            per_label = len(label_types.get(self.labels.type).question_schemas(query_length=1, response_length=1)) - 1
+            per_label = samples_per_label(self.labels.type)
             if microbatch_size < per_label:
                 raise ValueError(f'{prefix}run.microbatch_size {microbatch_size} is smaller than the {per_label} '
                                  f'sequences of one {self.labels.type} label (its query with each sample), which '
@@ -135,6 +135,12 @@ def splits_over(num_ranks, parts=1, of=''):
     """The one-line rule for a size that num_ranks ranks (and `parts` pieces `of` something each) share."""
     return (f'each of the --mpi {num_ranks} ranks takes an equal share{of}: choose a multiple of {num_ranks * parts} '
             f'(or another --mpi)')
+
+
+def samples_per_label(label_type):
+    """Ours: the samples one label of this type compares (its question's fields but the query), each a
+    sequence the reward model scores."""
+    return len(label_types.get(label_type).question_schemas(query_length=1, response_length=1)) - 1
 
 
 def _mean_std(mean, std):
@@ -582,7 +588,7 @@ def memory_passes(hparams: HParams):
     its labels, kept until the backward pass), the held-out evaluation, and the normalization's sampling and
     scoring; the ranks side by side, the batches shared by the processes."""
     processes = ranks.num_processes()
-    samples = len(label_types.get(hparams.labels.type).question_schemas(query_length=1, response_length=1)) - 1
+    samples = samples_per_label(hparams.labels.type)
     tokens = hparams.task.query_length + hparams.task.response_length
     labels = utils.ceil_div(hparams.batch_size, processes)
     passes = [memory.Pass('train', samples * labels, tokens, 0), memory.Pass('forward', samples * labels, tokens, 0)]

@@ -613,7 +613,7 @@ def train(hparams: HParams):
         # run's hparams file keeps 'auto': a rerun plans again).
         hparams.run.microbatch_size = memory.resolve(
             hparams.run, memory_passes(hparams), m.hparams(), resident=1 + normalizing, trained=1, device=device,
-            what='train_reward')
+            what='train_reward', smallest=samples_per_label(hparams.labels.type))
 
         # The frozen initial policy and the query stream only serve the normalizations; the original built
         # them always (TF built graphs lazily, so its query dataset was never read without normalization).

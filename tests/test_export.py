@@ -199,9 +199,11 @@ def test_padding_never_masks_a_character_of_the_prompt(encoding_name, tmp_path):
     assert torch.equal(inferred, explicit)
 
 
-def test_generation_config_samples_as_our_policy(tmp_path, capsys):
+@pytest.mark.parametrize('n_ctx, response_length', [(40, 9), (8, 3)])  # (8, 3): the `test` experiment's model
+def test_generation_config_samples_as_our_policy(n_ctx, response_length, tmp_path, capsys):
     """The whole distribution (top_k 0, not transformers' 50) at the run's temperature and response length; and
-    sample.py export prints how to use it: the printed code runs."""
+    sample.py export prints how to use it: the printed code runs (its prompts once overflowed the `test`
+    model's 8-token context: IndexError)."""
     import importlib.util
     from pathlib import Path
     spec = importlib.util.spec_from_file_location('sample_cli', Path(__file__).resolve().parents[1] / 'sample.py')
@@ -209,18 +211,19 @@ def test_generation_config_samples_as_our_policy(tmp_path, capsys):
     spec.loader.exec_module(sample_cli)
     from lm_human_preferences import train_policy
     from lm_human_preferences.utils import hyperparams
-    _random_model_dir(tmp_path / 'run' / 'policy', encodings.Test)
+    _random_model_dir(tmp_path / 'run' / 'policy', encodings.Test, n_ctx=n_ctx)
     run_hparams = train_policy.HParams()
-    run_hparams.override_from_dict({'task.policy.temperature': 0.7, 'task.response_length': 9})
+    run_hparams.override_from_dict({'task.policy.temperature': 0.7, 'task.response_length': response_length})
     hyperparams.save_json(run_hparams, str(tmp_path / 'run' / 'train_policy_hparams.json'))
     sample_cli.launch.main(sample_cli.COMMANDS, argv=['export', '--save_dir', str(tmp_path / 'run'),
                                                       '--out', str(tmp_path / 'hf')])
     out = capsys.readouterr().out
     config = json.loads((tmp_path / 'hf' / 'generation_config.json').read_text())
-    assert (config['do_sample'], config['top_k'], config['temperature'], config['max_new_tokens']) == (True, 0, 0.7, 9)
+    assert (config['do_sample'], config['top_k'], config['temperature'], config['max_new_tokens']) == (True, 0, 0.7,
+                                                                                                       response_length)
     usage = out[out.index('use it with transformers'):].splitlines()[1:]
     namespace = {}
     torch.manual_seed(0)
     exec('\n'.join(line[2:] for line in usage), namespace)  # prints the samples
     samples = capsys.readouterr().out
-    assert samples.startswith("['") and len(eval(samples)) == 2 and all(len(s) == 9 for s in eval(samples))
+    assert samples.startswith("['") and len(eval(samples)) == 2 and all(len(s) == response_length for s in eval(samples))

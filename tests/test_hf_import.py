@@ -191,6 +191,9 @@ def test_a_bad_name_is_one_line_before_any_download(tmp_path):
     with pytest.raises(FileNotFoundError, match='^model directory /no/such/model does not exist$'):
         trained_models.known_n_ctx('/no/such/model')
     assert trained_models.model_source('gpt2') == trained_models.model_source('openai-community/gpt2') == 'hub'
+    for typo in ('125M', 'Gpt2', 'bogus'):  # no owner and no GPT-2 of the hub's: not a download that fails later
+        with pytest.raises(ValueError, match=rf"^model '{typo}' is none of: "):
+            trained_models.model_source(typo)
     (tmp_path / 'gpt2').mkdir()
     assert trained_models.model_source(str(tmp_path / 'gpt2')) == 'dir'  # a local folder wins
 

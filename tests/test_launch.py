@@ -240,6 +240,16 @@ def test_unknown_experiment_via_command_line():
                           "descriptiveness, cnndm, tldr") and err.count('\n') == 1
 
 
+def test_output_piped_into_a_reader_that_stops_early_is_no_error(tmp_path):
+    """`--dry_run | head -3`: the pipe closes after 3 lines; no `error: [Errno 32] Broken pipe` follows."""
+    p = subprocess.Popen([sys.executable, 'launch.py', 'train_policy', 'test', 'x', '--dry_run', '--save_dir',
+                          str(tmp_path)], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdout.close()  # as `head` does once it has its lines, here before the command has written any
+    err = p.stderr.read()
+    p.wait(timeout=60)
+    assert 'error' not in err and 'Traceback' not in err, err
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('command', ['train_reward', 'train_policy'])
 def test_dry_run_every_experiment(command, tmp_path):

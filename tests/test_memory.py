@@ -1,11 +1,14 @@
 """run.microbatch_size 'auto' (utils/memory.py): the largest pass that the memory model fits in the free memory,
 and the trainers running with it."""
+import functools
+import json
+
 import pytest
 import torch
 
 from lm_human_preferences import train_policy
 from lm_human_preferences.language import model
-from lm_human_preferences.utils import memory
+from lm_human_preferences.utils import launch, memory, ranks
 
 GPT2 = model.HParams(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12)
 BOOKS = [memory.Pass('sample', 512, 88, 1), memory.Pass('forward', 512, 88, 24), memory.Pass('train', 512, 88, 24)]
@@ -55,6 +58,41 @@ def test_a_set_size_passes_through_and_auto_is_planned(capsys, monkeypatch):
                             budget=int(10 * 2 ** 30 * memory.USABLE_FRACTION)).microbatch_size
     out = capsys.readouterr().out
     assert f'train_policy: run.microbatch_size auto = {k} sequences a pass (9.0 GB of cpu memory to use' in out
+
+
+def test_plan_never_splits_below_the_smallest_pass():
+    """A best_of_4 label's 4 samples share a pass (the reward model's loss compares them): with too little
+    memory auto plans 4, not fewer (it once planned 1, and train_reward divided it into 0 labels a pass)."""
+    assert memory.plan(BOOKS, GPT2, resident=3, trained=1, bf16=False, budget=2 ** 30, smallest=4).microbatch_size == 4
+
+
+def _resolve_with_free_memory(out_dir, gib_by_process):
+    """In each process of a group: plan auto with this process's free memory (gib_by_process[its index])."""
+    memory.free_bytes = lambda device: gib_by_process[ranks.process_index()] * 2 ** 30
+    run = train_policy.HParams().run
+    run.microbatch_size, run.bf16 = 'auto', False
+    k = memory.resolve(run, BOOKS, GPT2, resident=3, trained=1, device=torch.device('cpu'), what='x')
+    with open(f'{out_dir}/{ranks.process_index()}.json', 'w') as f:
+        json.dump(k, f)
+
+
+@pytest.mark.slow
+def test_every_process_plans_the_same_split(tmp_path, monkeypatch):
+    """Processes that see different free memory split their passes alike, for the smallest of them (each once
+    planned for its own: the runs' rounding then depended on the memory free at launch)."""
+    monkeypatch.setenv('LMHP_DIST_BACKEND', 'gloo')
+    launch.launch('plan', functools.partial(_resolve_with_free_memory, str(tmp_path), (20, 10)), mpi=2, procs=2)
+    planned = [json.loads((tmp_path / f'{i}.json').read_text()) for i in range(2)]
+    assert planned[0] == planned[1] == memory.plan(BOOKS, GPT2, resident=3, trained=1, bf16=False,
+                                                   budget=int(10 * 2 ** 30 * memory.USABLE_FRACTION)).microbatch_size
+
+
+@pytest.mark.slow
+def test_train_reward_with_auto_and_little_memory_keeps_a_label_in_one_pass(monkeypatch, forward_rows, tmp_path):
+    import launch as top_launch
+    monkeypatch.setattr(memory, 'free_bytes', lambda device: 1)
+    top_launch.launch_train_reward('test', 'auto', save_dir=str(tmp_path), **{'run.microbatch_size': 'auto'})
+    assert max(forward_rows) == 4  # a label's 4 samples, one label a pass
 
 
 @pytest.mark.slow

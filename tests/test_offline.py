@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from lm_human_preferences import demo, label_types, sentiment_mini, train_reward
 from lm_human_preferences.demo import commands
-from lm_human_preferences.language import checkpoints, datasets, encodings, model
+from lm_human_preferences.language import checkpoints, datasets, encodings, model, trained_models
 from lm_human_preferences.sentiment_mini import vader
 from lm_human_preferences.utils import hyperparams
 
@@ -22,6 +22,16 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location('top_launch', REPO_ROOT / 'launch.py')
 top_launch = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(top_launch)
+
+
+def test_an_offline_experiments_model_name_is_known_at_launch():
+    """`demo` and `sentiment_mini` name the models their experiments make (their context length checked at
+    launch), not hub models; elsewhere, before it is made, the name is one line saying which command makes it."""
+    assert trained_models.model_source('demo') == trained_models.model_source('sentiment_mini') == 'offline'
+    assert trained_models.known_n_ctx('sentiment_mini') == sentiment_mini.EXPERIMENT.pretrain.n_ctx == 96
+    with pytest.raises(FileNotFoundError, match=r"^model 'demo' is the demo experiment's initial model, which is not "
+                                                r"made yet: python launch.py train_policy demo NAME makes it in "):
+        trained_models.TrainedModel('demo')
 
 
 def test_pick_best_breaks_ties_at_random():

@@ -195,8 +195,8 @@ def test_decoding_does_not_synchronize_on_cuda(demo_shaped_policy):
 @pytest.mark.parametrize('bf16', [False, True])
 def test_cuda_graph_decoding_draws_the_tokens_of_the_eager_loop(demo_shaped_policy, bf16):
     """The decoding step captured once as a CUDA graph and replayed per token samples exactly the tokens of
-    the eager loop from the same draws, with the same logprobs and values (the same kernels run), padded
-    queries and microbatches included; and the replayed steps dispatch no op."""
+    the eager loop from the same draws, with the same logprobs and values up to rounding, padded queries and
+    microbatches included; and the replayed steps dispatch no op."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class CountOps(TorchDispatchMode):
@@ -218,8 +218,11 @@ def test_cuda_graph_decoding_draws_the_tokens_of_the_eager_loop(demo_shaped_poli
         eager, graphed = (out, None) if not cuda_graph else (eager, out)
     assert ops[True] < ops[False] / 3, ops  # 2 warm-up steps and the captured one of 29, in each of 2 loops
     assert torch.equal(eager['responses'], graphed['responses'])
-    torch.testing.assert_close(graphed['logprobs'], eager['logprobs'], atol=0, rtol=0)
-    torch.testing.assert_close(graphed['values'], eager['values'], atol=0, rtol=0)
+    # The capture runs on a stream of its own, whose cuBLAS workspace may pick other kernels than the eager
+    # loop's: the same math, rounded alike only up to the dtype's precision.
+    tol = 2e-2 if bf16 else 1e-5
+    torch.testing.assert_close(graphed['logprobs'], eager['logprobs'], atol=tol, rtol=tol)
+    torch.testing.assert_close(graphed['values'], eager['values'], atol=tol, rtol=tol)
 
 
 def test_positions_beyond_n_ctx_are_refused_before_decoding(demo_shaped_policy):

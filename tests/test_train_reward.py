@@ -209,6 +209,18 @@ def test_stats_pools_batches_with_population_std():
     assert std == pytest.approx(math.sqrt(35 / 12), abs=1e-12)
 
 
+def test_stats_moments_do_not_cancel_in_float32():
+    """Rewards far from 0 against their spread (mean 1000, std 0.1): E[x^2] - E[x]^2 summed in float32 (the
+    original's) loses the variance to rounding, and with it its independence of the order of the sums over
+    ranks; summed in float64 it holds to 1e-6 (1e-8 here)."""
+    rewards = (1000 + 0.1 * torch.randn(4096, generator=torch.Generator().manual_seed(0))).float()
+    trainer = _trainer(StubRewardModel())
+    mean, std = trainer.stats(_batches(rewards.tolist()))
+    exact = rewards.double()
+    assert mean == pytest.approx(exact.mean().item(), rel=1e-12)
+    assert std == pytest.approx(exact.std(unbiased=False).item(), rel=1e-6)
+
+
 @pytest.mark.parametrize('label_type, field, values, expected', [
     ('best_of_4', 'best', [0, 1, 2, 3], (0.0, 1.0)),
     # scalar_rating: the scores, mean 2.5, population std sqrt(1.25)

@@ -115,7 +115,15 @@ CASES = [
     ('train_policy', ['--task.policy.initial_model', 'gpt 2'],
      "hyperparameter 'task.policy.initial_model': model 'gpt 2' is none of: 124M, 355M, 774M, 1558M (OpenAI's "
      "GPT-2, downloaded), test, a model dir (ours, or an original TF one, or its https URL), a Hugging Face GPT-2 "
-     "folder or hub name (e.g. gpt2, openai-community/gpt2)"),
+     "folder or hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2 or owner/name, e.g. "
+     "openai-community/gpt2)"),
+    # A name without an owner that is no GPT-2 on the hub: a typo, one line at launch (it once passed --dry_run
+    # and failed after the launch as a hub download).
+    ('train_policy', ['--task.policy.initial_model', '125M'],
+     "hyperparameter 'task.policy.initial_model': model '125M' is none of: 124M, 355M, 774M, 1558M (OpenAI's "
+     "GPT-2, downloaded), test, a model dir (ours, or an original TF one, or its https URL), a Hugging Face GPT-2 "
+     "folder or hub name (gpt2, gpt2-medium, gpt2-large, gpt2-xl, distilgpt2 or owner/name, e.g. "
+     "openai-community/gpt2)"),
     ('train_policy', ['--task.policy.initial_model', '/no/such/model'],
      "hyperparameter 'task.policy.initial_model': model directory /no/such/model does not exist"),
     # The reward model trained first must learn on the policy's task: a real mismatch is one line (it once ran

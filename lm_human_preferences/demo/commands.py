@@ -45,7 +45,7 @@ from lm_human_preferences import label_types, lm_tasks, train_policy as train_po
 from lm_human_preferences.language import checkpoints, encodings, model, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import files, gcs, memory, plots
+from lm_human_preferences.utils import files, memory, plots
 from lm_human_preferences.utils.run import Progress
 
 # Samples per policy shown in the report.
@@ -99,9 +99,14 @@ class OfflineExperiment:
     eval_queries: int = 256
     cpu_threads: int = 1
 
+    def __post_init__(self):
+        # task.policy.initial_model <name> names the model this experiment makes (its context length known at
+        # launch, for the length checks).
+        trained_models.OFFLINE_MODELS[self.name] = self.pretrain.n_ctx
+
 
 def model_dir(exp: OfflineExperiment):
-    return os.path.join(gcs.saved_models_dir(), exp.name)
+    return trained_models.offline_model_dir(exp.name)
 
 
 # ---------------------------------------------------------------------------------------------------

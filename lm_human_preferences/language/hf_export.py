@@ -251,6 +251,14 @@ def usage(out_dir):
     """How to load and sample the export in out_dir with transformers (sample.py export prints it)."""
     with open(os.path.join(out_dir, 'lmhp_export.json')) as f:
         encoding = encodings.get(json.load(f)['encoding'])
+    with open(os.path.join(out_dir, 'config.json')) as f:
+        n_ctx = json.load(f)['n_positions']
+    with open(os.path.join(out_dir, 'generation_config.json')) as f:
+        new_tokens = json.load(f).get('max_new_tokens', 0)
+    # The example prompts leave room for the new tokens in the context (the `test` model's is 8 tokens, one
+    # a character): a prompt too long for it makes generate fail with an IndexError.
+    room = max(1, n_ctx - new_tokens - 1)
+    prompts = ['a query', 'another query'] if encoding.name != 'test' else ['a query'[:room], 'another query'[:room]]
     if encoding.name == 'test':
         # The pad token is outside the model's vocabulary: pads must not reach its embedding (as TRL does).
         generate = ("model.generate(input_ids=batch.input_ids.masked_fill(batch.attention_mask == 0, 0), "
@@ -263,6 +271,6 @@ def usage(out_dir):
             '  from transformers import AutoTokenizer, GPT2LMHeadModel',
             f'  tokenizer = AutoTokenizer.from_pretrained({out_dir!r})',
             f'  model = GPT2LMHeadModel.from_pretrained({out_dir!r})',
-            "  batch = tokenizer(['a query', 'another query'], return_tensors='pt', padding=True)",
+            f"  batch = tokenizer({prompts!r}, return_tensors='pt', padding=True)",
             f'  print(tokenizer.batch_decode({generate}[:, batch.input_ids.shape[1]:]))']
 

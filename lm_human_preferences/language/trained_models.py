@@ -48,6 +48,11 @@ class TrainedModel():
                 self.savedir = download_tf_model_dir(self.savedir)
             elif source == 'hub':
                 self.savedir = hf_import.download(name)
+            elif source == 'offline':
+                self.savedir = offline_model_dir(name)
+                if not os.path.isdir(self.savedir):
+                    raise FileNotFoundError(f"model {name!r} is the {name} experiment's initial model, which is not made "
+                                            f"yet: python launch.py train_policy {name} NAME makes it in {self.savedir}")
             if self.savedir is not None:
                 _check_dir(self.savedir)
             if self.savedir is not None and hf_import.is_hf_folder(self.savedir):
@@ -155,16 +160,31 @@ def convert_hf_folder(folder, *, label=None):
     return _convert_once(folder, label, key, lambda dst: hf_import.convert(folder, dst))
 
 
+# Ours: the hub's GPT-2 names without an owner (its legacy canonical models). Any other name without a '/'
+# is a typo of ours ('125M', 'Gpt2'), not a hub model: one line at launch, not a failed download later.
+HUB_GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl', 'distilgpt2')
+
+# Ours: the initial models an offline experiment makes for itself (demo/commands.py registers them): name ->
+# the context length of the model it makes.
+OFFLINE_MODELS = {}
+
+def offline_model_dir(name):
+    """Ours: where the offline experiment `name` keeps the initial model it makes."""
+    return os.path.join(gcs.saved_models_dir(), name)
+
+
 # What task.policy.initial_model (and rewards.trained_model) accept, for the one-line errors.
 ACCEPTED = (f"{', '.join(GPT2_RELEASES)} (OpenAI's GPT-2, downloaded), test, a model dir (ours, or an original "
-            f"TF one, or its https URL), a Hugging Face GPT-2 folder or hub name (e.g. gpt2, openai-community/gpt2)")
+            f"TF one, or its https URL), a Hugging Face GPT-2 folder or hub name ({', '.join(HUB_GPT2_NAMES)} "
+            f"or owner/name, e.g. openai-community/gpt2)")
 
 
 def model_source(name):
     """What a model name names, without downloading anything: 'test', 'release' (GPT-2 from OpenAI),
     'url' (an original TF model dir), 'dir' (a local path: ours, an original TF or a Hugging Face model dir),
-    or ours, 'hub' (a Hugging Face hub name; a local path of that name wins, as in transformers). A
-    ValueError in one line, listing what is accepted, for none of them."""
+    or ours, 'hub' (a Hugging Face hub name; a local path of that name wins, as in transformers) and
+    'offline' (an offline experiment's model, which its command makes). A ValueError in one line, listing
+    what is accepted, for none of them."""
     if name == 'test':
         return 'test'
     if name in GPT2_RELEASES:
@@ -173,7 +193,9 @@ def model_source(name):
         return 'url'
     if os.path.exists(name):
         return 'dir'
-    if hf_import.is_hub_name(name):
+    if name in OFFLINE_MODELS:
+        return 'offline'
+    if hf_import.is_hub_name(name) and ('/' in name or name in HUB_GPT2_NAMES):
         return 'hub'
     if os.sep in name or name.startswith(('.', '~')):
         return 'dir'  # TrainedModel says it does not exist
@@ -214,6 +236,8 @@ def known_n_ctx(name):
         return test_hparams().n_ctx
     if source == 'release':
         return GPT2_N_CTX
+    if source == 'offline':
+        return OFFLINE_MODELS[name]
     if source == 'dir':
         _check_dir(name)
         if hf_import.is_hf_folder(name):

@@ -379,6 +379,16 @@ def processes_sum(value):
     return _processes_sum(value)
 
 
+def processes_min(value: int):
+    """Ours: the smallest of an integer each process computed, on every process. Collective over processes."""
+    ranks.refuse_in_section('processes_min')
+    if not _processes_on():
+        return value
+    buf = torch.tensor(value, dtype=torch.int64, device=_comm_device())
+    dist.all_reduce(buf, op=dist.ReduceOp.MIN)
+    return int(buf.item())
+
+
 def mpi_allreduce_sum(values):
     """The sum over all ranks of a value each rank computed (a tensor, numpy array or python number).
 

@@ -441,6 +441,11 @@ def main(commands_dict, argv=None):
     except ConfigError as e:
         print(f'error: {e}', file=sys.stderr)
         sys.exit(2)
+    except BrokenPipeError:
+        # The reader of our output went away (`... --dry_run | head`): stop quietly, as Unix tools do. The
+        # output goes to /dev/null so that flushing it at exit raises no second error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
     except INPUT_ERRORS + (WorkerInputError,) as e:
         # Bad inputs met while running (an unreachable URL, a missing or mismatched checkpoint, malformed
         # labels, a full disk, a non-finite loss), here or in a worker: one line naming the cause.

@@ -88,27 +88,30 @@ class Plan:
     per_sequence: int
 
 
-def plan(passes, model_hparams, *, resident, trained, bf16, budget):
-    """The largest number of sequences per pass that fits budget bytes (None: every pass whole), at least 1."""
+def plan(passes, model_hparams, *, resident, trained, bf16, budget, smallest=1):
+    """The largest number of sequences per pass that fits budget bytes (None: every pass whole), at least
+    `smallest` (the sequences a pass cannot split: a label's samples for the reward model's loss)."""
     fixed = fixed_bytes(model_hparams, resident=resident, trained=trained, bf16=bf16)
     sizes = []
     for p in passes:
         per_sequence = bytes_per_sequence(p, model_hparams, bf16=bf16)
-        sizes.append((max(int((budget - fixed) // per_sequence), 1), p, per_sequence))
+        sizes.append((max(int((budget - fixed) // per_sequence), smallest), p, per_sequence))
     k, binding, per_sequence = min(sizes, key=lambda s: s[0])
     whole = k >= max(p.sequences for p in passes)
     return Plan(microbatch_size=None if whole else k, budget=budget, fixed=fixed, binding=binding,
                 per_sequence=per_sequence)
 
 
-def resolve(run_hparams, passes, model_hparams, *, resident, trained, device, what):
+def resolve(run_hparams, passes, model_hparams, *, resident, trained, device, what, smallest=1):
     """run.microbatch_size as a number: itself, or for 'auto' the plan for the device's free memory now
-    (printed by the process that carries rank 0, with what it was planned from). `what` names the run."""
+    (printed by the process that carries rank 0, with what it was planned from). `what` names the run;
+    `smallest` as plan's. Collective: every process plans for the smallest free memory among them, so
+    that all split their passes alike."""
     if run_hparams.microbatch_size != 'auto':
         return run_hparams.microbatch_size
     bf16 = run_hparams.use_bf16()
-    budget = int(free_bytes(device) * USABLE_FRACTION)
-    p = plan(passes, model_hparams, resident=resident, trained=trained, bf16=bf16, budget=budget)
+    budget = core.processes_min(int(free_bytes(device) * USABLE_FRACTION))
+    p = plan(passes, model_hparams, resident=resident, trained=trained, bf16=bf16, budget=budget, smallest=smallest)
     if core.is_root():
         gb = 2 ** 30
         size = 'no split' if p.microbatch_size is None else f'{p.microbatch_size} sequences a pass'

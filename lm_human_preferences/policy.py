@@ -106,8 +106,10 @@ class Policy(nn.Module):
         logits = result['logits']
 
         logits = logits / self.temperature
+        # Ours: the original's logprobs_from_logits and entropy_from_logits in one (fewer passes over the logits)
+        logprobs, entropies = utils.logprobs_and_entropies_from_logits(logits=logits, labels=responses)
         return dict(
-            logprobs=utils.logprobs_from_logits(logits=logits, labels=responses),
-            entropies=utils.entropy_from_logits(logits),
+            logprobs=logprobs,
+            entropies=entropies,
             values=result['values'],
         )

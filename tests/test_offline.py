@@ -24,9 +24,10 @@ top_launch = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(top_launch)
 
 
-def test_an_offline_experiments_model_name_is_known_at_launch():
+def test_an_offline_experiments_model_name_is_known_at_launch(tmp_path, monkeypatch):
     """`demo` and `sentiment_mini` name the models their experiments make (their context length checked at
     launch), not hub models; elsewhere, before it is made, the name is one line saying which command makes it."""
+    monkeypatch.setenv('LMHP_SAVED_MODELS_DIR', str(tmp_path))  # not the session's cache: the demo test made one
     assert trained_models.model_source('demo') == trained_models.model_source('sentiment_mini') == 'offline'
     assert trained_models.known_n_ctx('sentiment_mini') == sentiment_mini.EXPERIMENT.pretrain.n_ctx == 96
     with pytest.raises(FileNotFoundError, match=r"^model 'demo' is the demo experiment's initial model, which is not "

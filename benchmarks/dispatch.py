@@ -36,7 +36,10 @@ import os
 import sys
 import time
 
-import torch
+# Counted on the CPU on a GPU machine too: the trainers would place themselves on CUDA (utils.get_device),
+# and the count is the same on either (the CUDA code paths are selected below).
+os.environ['CUDA_VISIBLE_DEVICES'] = ''
+import torch  # noqa: E402 (after hiding the GPUs)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from common import GPT2_124M, REPO_ROOT, machine_info, random_trained_model

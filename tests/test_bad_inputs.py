@@ -13,6 +13,7 @@ mismatched shapes (tests/test_converter.py::test_conversion_errors*, ::test_chec
 """
 import contextlib
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -165,7 +166,10 @@ def cases(tmp):
                                        'error: {root}/run/rm is not a trained reward model: its checkpoint has no reward '
                                        "head (a policy's value head is not one)"),
         'garbage_tf_checkpoint': ('policy', garbage_tf_checkpoint, 'train_policy', policy_args,
-                                  'error: {root}/run/rm/model.ckpt-0 is not a readable TensorFlow checkpoint ('),
+                                  'error: {root}/run/rm/model.ckpt-0 is not a readable TensorFlow checkpoint ('
+                                  if importlib.util.find_spec('tensorflow') else  # without TF: that it is needed
+                                  'error: converting the TensorFlow checkpoint {root}/run/rm/model.ckpt-0 needs '
+                                  'tensorflow, which is not installed'),
         'other_hparams_in_save_dir': ('reward', None, 'train_reward', lambda root: reward_args(root, '--lr', '0.001'),
                                       'holds another run: its train_reward_hparams.json has lr=5e-05, this run has '
                                       'lr=0.001. To resume that run, rerun its command with the same hyperparameters; '

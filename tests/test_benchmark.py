@@ -68,3 +68,34 @@ def test_memory_and_adam_smoke(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert 'foreach' in proc.stdout and '   14 ops dispatched' in proc.stdout
+
+
+def test_train_timing_runs_the_real_command(tmp_path):
+    """A tldr-shaped run of 2 updates on a tiny random GPT-2 (the GPU report times 124M and 774M)."""
+    out = tmp_path / 'timing.json'
+    proc = subprocess.run([sys.executable, str(ROOT / 'benchmarks' / 'train_timing.py'), '--exp', 'tldr',
+                           '--model', 'tiny', '--updates', '2', '--json', str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert (r['exp'], r['batch'], r['query_length'], r['response_length']) == ('tldr', 32, 500, 75)
+    assert len(r['step_times_s']) == 2 and r['seconds_per_update'] == r['step_times_s'][1]
+    assert r['run_hours'] == pytest.approx(r['seconds_per_update'] * 31_250 / 3600)
+    assert r['mfu'] == pytest.approx(r['flops_per_update'] / r['seconds_per_update'] / r['matmul_peak_flops'])
+    assert '[ppo_step 1]' in proc.stdout  # the trainer's own step lines, read for the times
+
+
+def test_compare_runs_finds_the_largest_difference(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+    for run, shift in (('a', 0.0), ('b', 0.25)):
+        (tmp_path / run / 'm' / 'checkpoints').mkdir(parents=True)
+        save_file({'w': torch.zeros(3), 'g': torch.tensor([1.0, 2.0 + shift])},
+                  str(tmp_path / run / 'm' / 'checkpoints' / 'model-1.safetensors'))
+    script = [sys.executable, str(ROOT / 'benchmarks' / 'compare_runs.py'), str(tmp_path / 'a'), str(tmp_path / 'b')]
+    ok = subprocess.run(script + ['--atol', '0.3', '--json', str(tmp_path / 'c.json')], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert 'max |a - b| = 0.25 (g; 2 tensors)' in ok.stdout
+    assert json.loads((tmp_path / 'c.json').read_text())['max_abs_diff'] == 0.25
+    refused = subprocess.run(script + ['--atol', '0.1'], capture_output=True, text=True)
+    assert refused.returncode == 1 and 'compare_runs: 0.25 > --atol 0.1' in refused.stderr

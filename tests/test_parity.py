@@ -3,14 +3,23 @@ release, train_reward save dir, train_policy save dir), converted and loaded by 
 outputs of an independent float64 numpy implementation of the original's equations (written below
 from the original's TF code, not from our model.py): LM logits, policy logprobs / entropies / values at
 temperature 0.7, sampled-token logprobs and values through the KV cache, and rewards, on batches with
-padding inside and at the end of queries and trailing padding in responses. Max abs error <= 1e-5.
+padding inside and at the end of queries and trailing padding in responses. Max abs error <= 1e-5, with
+the models on the CPU and, where there is one, on a CUDA device in float32 (TF32 off).
+
+Without TensorFlow (a GPU machine that lacks it): `python tests/test_parity.py --write DIR` on a machine
+with it writes the checkpoints, the models converted from them by our converter, and the variables the
+reference reads; where tensorflow is not importable, LMHP_TEST_PARITY_ORIGINALS=DIR runs the tests from
+those. There the conversion has run on the machine with TensorFlow, and the device part checks the model's
+numerics.
 """
+
+import os
 
 import numpy as np
 import pytest
 import torch
 
-from lm_human_preferences.language import encodings, model, trained_models
+from lm_human_preferences.language import convert_tf, encodings, model, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import RewardModelTrainer, TrainedRewardModel
 
@@ -123,69 +132,159 @@ RESPONSES_PADDED = np.array([  # postprocessed responses: trailing padding
 ])
 
 
+ORIGINALS_ENV = 'LMHP_TEST_PARITY_ORIGINALS'
+
+# The models the tests load: name -> (the original's dir, the scope our loaders convert it with; None:
+# inferred from the dir's name). The reference's variables go by the same names.
+LOADS = {
+    'release': ('release_dir', None),
+    'policy': ('policy_dir', None),            # inferred: policy/...
+    'reward': ('reward_dir', 'reward_model'),  # TrainedRewardModel's default scope; the trainer's below
+    'score': ('policy_dir', 'reward_model'),   # the score model inside a policy save
+}
+
+
+def write_originals(tf, root):
+    """The original's three layouts under root: their dirs and the variables written in them."""
+    rng = np.random.RandomState(1234)
+    release_dir = os.path.join(root, 'release')
+    release = write_release(tf, release_dir, rng)
+    with open(os.path.join(release_dir, 'encoding'), 'w') as f:
+        f.write('"test"')  # the tiny release uses the test vocabulary
+    dirs = write_original_save_dirs(tf, os.path.join(root, 'save'), rng)
+    return dict(release_dir=release_dir, release=release, **dirs)
+
+
+def write_prepared(root):
+    """--write: the originals in root, each model of LOADS converted by our converter as our loaders
+    convert it, into root/converted/<name>, and the reference's variables, root/variables/<name>.npz."""
+    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # as tests/conftest.py: quiet, no oneDNN rewrites
+    os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
+    import tensorflow as tf
+    written = write_originals(tf, root)
+    os.makedirs(os.path.join(root, 'variables'), exist_ok=True)
+    for name, (tf_dir, scope) in LOADS.items():
+        convert_tf.convert_tf_checkpoint(written[tf_dir], os.path.join(root, 'converted', name), scope=scope)
+        np.savez(os.path.join(root, 'variables', f'{name}.npz'), **written[name])
+
+
+def _read_npz(path):
+    with np.load(path) as f:
+        return dict(f)
+
+
+def _tensorflow_importable():
+    try:
+        import tensorflow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 @pytest.fixture(scope='module')
 def original(tmp_path_factory):
-    tf = pytest.importorskip('tensorflow')
-    root = tmp_path_factory.mktemp('original')
-    rng = np.random.RandomState(1234)
-    release = write_release(tf, str(root / 'release'), rng)
-    with open(root / 'release' / 'encoding', 'w') as f:
-        f.write('"test"')  # the tiny release uses the test vocabulary
-    dirs = write_original_save_dirs(tf, str(root / 'save'), rng)
-    return dict(release_dir=str(root / 'release'), release=release, **dirs)
+    """{'dirs': {name: (model dir, scope)}, 'variables': {name: {TF name: value}}} for the names of LOADS."""
+    prepared = os.environ.get(ORIGINALS_ENV)
+    if prepared and not _tensorflow_importable():
+        # Our converted dirs hold one model each: the scope was chosen when --write converted them.
+        return dict(dirs={name: (os.path.join(prepared, 'converted', name), None) for name in LOADS},
+                    variables={name: _read_npz(os.path.join(prepared, 'variables', f'{name}.npz')) for name in LOADS})
+    tf = pytest.importorskip('tensorflow', reason=f'needs tensorflow, or {ORIGINALS_ENV}=DIR written by '
+                                                  f'`python tests/test_parity.py --write DIR` where it is installed')
+    written = write_originals(tf, str(tmp_path_factory.mktemp('original')))
+    return dict(dirs={name: (written[tf_dir], scope) for name, (tf_dir, scope) in LOADS.items()},
+                variables={name: written[name] for name in LOADS})
+
+
+@pytest.fixture(params=['cpu', 'cuda'])
+def device(request):
+    if request.param == 'cpu':
+        yield torch.device('cpu')
+        return
+    if not torch.cuda.is_available():
+        pytest.skip('needs a CUDA device (torch.cuda.is_available() is false)')
+    # float32 proper: TF32 (PyTorch's default: off for matmuls, on for cuDNN) rounds the inputs of a product
+    # to 10 mantissa bits: relative errors of ~1e-3, far beyond ATOL.
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield torch.device('cuda')
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def trained_model(original, name):
+    path, scope = original['dirs'][name]
+    return trained_models.TrainedModel(path, scope=scope)
 
 
 def _assert_close(ours, ref, what):
-    ours = ours.detach().double().numpy()
+    ours = ours.detach().cpu().double().numpy()
     err = np.abs(ours - ref).max()
     assert err <= ATOL, f'{what}: max abs error {err:.3g} > {ATOL}'
 
 
-def test_lm_logits_release_layout(original):
-    tm = trained_models.TrainedModel(original['release_dir'])
+def test_lm_logits_release_layout(original, device):
+    tm = trained_model(original, 'release')
     m = model.Model(tm.hparams())
     tm.init_model(m)
+    m.to(device)
     X = np.concatenate([QUERIES, RESPONSES_PADDED], 1)
     with torch.no_grad():
-        ours = m(torch.from_numpy(X), padding_token=PAD)['lm_logits']
-    ref = ref_model(original['release'], 'model', X)['lm_logits']
+        ours = m(torch.from_numpy(X).to(device), padding_token=PAD)['lm_logits']
+    ref = ref_model(original['variables']['release'], 'model', X)['lm_logits']
     assert np.abs(ref).max() > 1  # non-trivial logits
     _assert_close(ours, ref, 'lm_logits')
 
 
-def test_policy_analysis_and_sampling(original):
-    policy = Policy(trained_models.TrainedModel(original['policy_dir']), temperature=TEMPERATURE)
-    q, r = torch.from_numpy(QUERIES), torch.from_numpy(RESPONSES)
-    ref = ref_policy_analysis(original['policy'], 'policy/model', QUERIES, RESPONSES)
+def test_policy_analysis_and_sampling(original, device):
+    variables = original['variables']['policy']
+    policy = Policy(trained_model(original, 'policy'), temperature=TEMPERATURE).to(device)
+    q, r = torch.from_numpy(QUERIES).to(device), torch.from_numpy(RESPONSES).to(device)
+    ref = ref_policy_analysis(variables, 'policy/model', QUERIES, RESPONSES)
     with torch.no_grad():
         ours = policy.analyze_responses(q, r)
     for key in ('logprobs', 'entropies', 'values'):
         _assert_close(ours[key], ref[key], key)
     assert np.abs(ref['values']).max() > 0.1
 
-    # sampling: first step on the whole (padded) query, then one token at a time from the KV cache
-    rollout = policy.respond(q, length=5, generator=torch.Generator().manual_seed(0))
-    sampled = rollout['responses'].numpy()
-    ref = ref_policy_analysis(original['policy'], 'policy/model', QUERIES, sampled)
+    # sampling: first step on the whole (padded) query, then one token at a time from the KV cache. The
+    # tokens drawn differ between devices; the reference is computed from those drawn.
+    rollout = policy.respond(q, length=5, generator=torch.Generator(device).manual_seed(0))
+    sampled = rollout['responses'].cpu().numpy()
+    ref = ref_policy_analysis(variables, 'policy/model', QUERIES, sampled)
     _assert_close(rollout['logprobs'], ref['logprobs'], 'sampled logprobs')
     _assert_close(rollout['values'], ref['values'], 'sampled values')
 
 
-def test_rewards(original):
-    q, r = torch.from_numpy(QUERIES), torch.from_numpy(RESPONSES_PADDED)
-    score_model = TrainedRewardModel(original['reward_dir'], encodings.Test)
-    ref = ref_reward(original['reward'], 'reward_model', QUERIES, RESPONSES_PADDED)
+def test_rewards(original, device):
+    q, r = torch.from_numpy(QUERIES).to(device), torch.from_numpy(RESPONSES_PADDED).to(device)
+    reward_dir = original['dirs']['reward'][0]
+    score_model = TrainedRewardModel(reward_dir, encodings.Test).to(device)  # its default scope: LOADS['reward']
+    ref = ref_reward(original['variables']['reward'], 'reward_model', QUERIES, RESPONSES_PADDED)
     _assert_close(score_model.score_fn(q, r), ref, 'rewards')
     assert score_model.reward_gain.item() == pytest.approx(1.7)
 
     # the reward model trainer starting from the same save dir, under the original's scope name
-    trainer = RewardModelTrainer(trained_models.TrainedModel(original['reward_dir'], scope='reward_model'))
+    trainer = RewardModelTrainer(trained_model(original, 'reward')).to(device)
     _assert_close(trainer.get_rewards(q, r), ref, 'trainer rewards')
 
     # the score model stored inside a policy save dir
-    score = RewardModelTrainer(trained_models.TrainedModel(original['policy_dir'], scope='reward_model'))
-    _assert_close(score.get_rewards(q, r), ref_reward(original['score'], 'reward_model', QUERIES, RESPONSES_PADDED),
+    score = RewardModelTrainer(trained_model(original, 'score')).to(device)
+    _assert_close(score.get_rewards(q, r),
+                  ref_reward(original['variables']['score'], 'reward_model', QUERIES, RESPONSES_PADDED),
                   'score model rewards')
 
     with pytest.raises(ValueError, match="n_vocab 27, but encoding 'main' has 50257"):
-        TrainedRewardModel(original['reward_dir'], encodings.Main)
+        TrainedRewardModel(reward_dir, encodings.Main)
+
+
+if __name__ == '__main__':
+    import argparse
+    parser = argparse.ArgumentParser(description=f'Prepare the tests for a machine without tensorflow: run them '
+                                                 f'there with {ORIGINALS_ENV}=DIR.')
+    parser.add_argument('--write', metavar='DIR', required=True,
+                        help='write the originals, the models converted from them and the variables into DIR')
+    args = parser.parse_args()
+    write_prepared(args.write)
+    print(f'wrote {args.write}; without tensorflow: {ORIGINALS_ENV}={args.write} pytest tests/test_parity.py')

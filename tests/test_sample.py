@@ -243,3 +243,18 @@ def test_a_row_without_finite_logits_is_reported_after_the_loop():
     with pytest.raises(FloatingPointError, match=r'rows \[1\] have no finite logits'):
         sample.sample_sequence(step=step_with_nan_row, model_hparams=hparams, length=3,
                                context=torch.zeros(3, 1, dtype=torch.long))
+
+
+def test_a_rollouts_uniforms_come_from_the_cpu_stream_on_any_device():
+    """Whatever device holds the queries, their uniforms are the CPU stream's numbers (CUDA's generator is
+    another stream: a GPU would sample other tokens than the same run on a CPU). 'meta' stands in for a
+    device that is not the CPU."""
+    queries = torch.zeros(5, 3, dtype=torch.long)
+    torch.manual_seed(7)
+    _, on_cpu = sample.queries_and_draws(queries, 4)
+    after_cpu = torch.rand(3)
+    torch.manual_seed(7)
+    _, on_meta = sample.queries_and_draws(queries.to('meta'), 4)
+    assert on_meta.device.type == 'meta' and on_meta.shape == on_cpu.shape == (5, 4)
+    assert torch.equal(torch.rand(3), after_cpu)  # the meta draws took the CPU stream's numbers
+    assert torch.equal(on_cpu, sample.draw_uniforms(5, 4, generator=torch.Generator().manual_seed(7)))

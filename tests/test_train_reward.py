@@ -471,9 +471,10 @@ def test_bf16_rewards_close_to_fp32():
     Bounds: mean |diff| <= 0.02, max |diff| <= 0.25 and correlation >= 0.999: a wrong dtype path (e.g. a
     head or the gain in bf16, or no autocast at all) breaks one of them; rounding alone does not."""
     torch.manual_seed(0)
-    model = rewards.RewardModelTrainer(trained_models.TrainedModel('test'))
-    queries = torch.randint(0, N_VOCAB, (256, 2))
-    responses = torch.randint(0, N_VOCAB + 1, (256, 3))
+    device = core.get_device()  # where core.autocast acts: CUDA on a GPU machine
+    model = rewards.RewardModelTrainer(trained_models.TrainedModel('test')).to(device)
+    queries = torch.randint(0, N_VOCAB, (256, 2)).to(device)
+    responses = torch.randint(0, N_VOCAB + 1, (256, 3)).to(device)
     with torch.no_grad():
         fp32 = model.get_rewards(queries, responses)
         with core.autocast(True):

@@ -170,7 +170,7 @@ def default_procs(mpi):
     if not torch.cuda.is_available():
         return 1
     gpus = torch.cuda.device_count()
-    return max(p for p in range(1, min(mpi, gpus) + 1) if mpi % p == 0)
+    return max((p for p in range(1, min(mpi, gpus) + 1) if mpi % p == 0), default=1)  # --mpi < 1: check_ranks says so
 
 
 def check_ranks(name, mpi, procs):

@@ -152,12 +152,12 @@ def main():
         seconds_per_update=per_update, run_updates=RUN_UPDATES[args.exp],
         run_hours=per_update * RUN_UPDATES[args.exp] / 3600, flops_per_update=flops, matmul_peak_flops=peak,
         mfu=flops / per_update / peak, wall_s=wall,
-        peak_memory_gb=torch.cuda.max_memory_allocated() / 1e9 if device.type == 'cuda' else None)
+        peak_memory_gib=torch.cuda.max_memory_allocated() / 2 ** 30 if device.type == 'cuda' else None)
     print('train_timing result: ' + json.dumps(result))
     print(f"{args.exp} {args.model} {result['dtype']} microbatch {args.microbatch or 'default'}: "
           f"{per_update:.2f} s/update (first {step_times[0]:.1f} s), {result['run_hours']:.2f} h for "
           f"{RUN_UPDATES[args.exp]:,} updates, MFU {result['mfu']:.1%} (peak {peak / 1e12:.0f} TFLOP/s), "
-          f"peak memory {result['peak_memory_gb'] or 0:.1f} GB")
+          f"peak memory {result['peak_memory_gib'] or 0:.1f} GiB")
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(result, f, indent=1)

@@ -15,7 +15,8 @@ case $stage in
   tests)
     # The whole suite: the trainers pick CUDA (utils.get_device) and bf16 (run.bf16 auto) there; the tests
     # that name a device run on both. LMHP_TEST_PARITY_ORIGINALS: see tests/test_parity.py (no TF here).
-    timeout "${TESTS_TIMEOUT:-480}" python3 -m pytest -q -rfEs -p no:cacheprovider -n "${TESTS_WORKERS:-6}" tests \
+    # SIGINT at the limit: pytest stops as after Ctrl-C and still prints its summary and writes the XML.
+    timeout -s INT "${TESTS_TIMEOUT:-480}" python3 -m pytest -q -rfEs -p no:cacheprovider -n "${TESTS_WORKERS:-6}" tests \
       --junitxml "$out/pytest_$gpu.xml" 2>&1 | tee "$out/pytest_$gpu.log";;
   same_numbers)
     # train_policy test and train_reward test with the paper's --mpi 4 on CUDA and on the CPU, both in fp32
@@ -32,7 +33,9 @@ case $stage in
   throughput)
     python3 benchmarks/ppo_throughput.py --batch 64 --tldr --json "$out/ppo_throughput_$gpu.json" 2>&1 | tee "$out/ppo_throughput_$gpu.log";;
   memory)
-    timeout "${MEMORY_TIMEOUT:-3000}" python3 benchmarks/memory.py --dtypes bf16 fp32 --json "$out/memory_$gpu.json" > "$out/memory_$gpu.log" 2>&1;;
+    # MEMORY_ARGS narrows it (e.g. "--shapes tldr"): each measurement is a fresh process, ~20 s on an H100
+    timeout "${MEMORY_TIMEOUT:-3000}" python3 benchmarks/memory.py --dtypes bf16 fp32 ${MEMORY_ARGS:-} \
+      --json "$out/memory_$gpu.json" > "$out/memory_$gpu.log" 2>&1;;
   timing)
     # The paper's experiments on random weights, 8 ranks in one process (benchmarks/train_timing.py); with a
     # third argument, the same of another checkout too (e.g. the commit before the ranks-at-GPU-speed work).

@@ -55,21 +55,6 @@ class Tee(io.TextIOBase):
         self.stream.flush()
 
 
-def matmul_peak(dtype, device, n=8192, reps=10):
-    """FLOP/s of an n x n x n matrix product on this device (the best of reps), the MFU denominator."""
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    best = float('inf')
-    for _ in range(reps + 2):
-        if device.type == 'cuda':
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        a @ b
-        if device.type == 'cuda':
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t)
-    return 2 * n ** 3 / best
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--exp', default='sentiment', choices=sorted(RUN_UPDATES))
@@ -82,7 +67,7 @@ def main():
     args = p.parse_args()
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from ppo_throughput import Workload, line_flops
+    from ppo_throughput import Workload, line_flops, measure_matmul_peak
     # The package of the checkout to time, not this script's (which ppo_throughput put on the path).
     repo = Path(args.repo).resolve()
     for name in [n for n in sys.modules if n.startswith('lm_human_preferences')]:
@@ -101,7 +86,9 @@ def main():
 
     device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     bf16 = args.bf16 == 'true' if args.bf16 else device.type == 'cuda'
-    peak = matmul_peak(torch.bfloat16 if bf16 else torch.float32, device, n=8192 if device.type == 'cuda' else 1024)
+    # the MFU denominator: a GPU reaches its peak only on large products
+    peak = measure_matmul_peak(torch.bfloat16 if bf16 else torch.float32,
+                               sizes=(8192,) if device.type == 'cuda' else (1024, 2048))
 
     m = dict(n_vocab=50257, n_ctx=1024, **SHAPES[args.model])
     work = Path(tempfile.mkdtemp(prefix='train_timing-'))

@@ -43,6 +43,12 @@ def _isolated_caches(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture
+def gloo(monkeypatch):
+    """CPU collectives even on a GPU machine (NCCL would need one GPU per worker process)."""
+    monkeypatch.setenv('LMHP_DIST_BACKEND', 'gloo')
+
+
+@pytest.fixture
 def forward_rows(monkeypatch):
     """The number of sequences of every model pass (GPT-2 forward: sampling steps, logprobs, scores,
     losses) run in this process, in order."""

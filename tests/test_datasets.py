@@ -166,8 +166,7 @@ def _shard_worker(root, out_dir):
 
 
 @pytest.mark.slow
-def test_four_ranks_in_two_processes_take_every_fourth_query(tmp_path, test_encoder, monkeypatch):
-    monkeypatch.setenv('LMHP_DIST_BACKEND', 'gloo')  # CPU collectives on a GPU machine too (NCCL: a GPU per process)
+def test_four_ranks_in_two_processes_take_every_fourth_query(tmp_path, test_encoder, gloo):
     texts = corpus_texts(40)
     root = write_corpus(tmp_path / 'corpus', texts)
     launch.launch('shards', partial(_shard_worker, str(root), str(tmp_path)), mpi=4, procs=2)

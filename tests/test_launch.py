@@ -374,12 +374,6 @@ def _collectives_worker(out_dir, base_url):
     atexit.register(lambda: open(os.path.join(out_dir, f'finalized{process}'), 'w').close())
 
 
-@pytest.fixture
-def gloo(monkeypatch):
-    # CPU collectives even on a GPU machine (NCCL would need one GPU per worker).
-    monkeypatch.setenv('LMHP_DIST_BACKEND', 'gloo')
-
-
 @pytest.mark.slow
 def test_four_ranks_in_two_gloo_workers(tmp_path, gloo):
     httpd = ThreadingHTTPServer(('127.0.0.1', 0), _Handler)

@@ -55,7 +55,7 @@ def test_the_initial_model_is_resolved_once_for_all_tasks(tmp_path, monkeypatch,
         assert policy_task.policy.initial_model == reward_task.policy.initial_model == model
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('demo: ')]
     assert lines == [f'demo: pretraining the initial model into {model} (1 layers, width 16, 27-token vocabulary, '
-                     f'2 steps of 2 x 64 tokens)',
+                     f'2 steps of 2 x 64 tokens; float32 products with the output embedding)',
                      f'demo: using the pretrained initial model in {model}']
 
 

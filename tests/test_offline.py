@@ -144,13 +144,47 @@ def test_pretraining_loss_is_cross_entropy():
     h = torch.randn(n, 16, dtype=torch.float64, requires_grad=True)
     w = torch.randn(300, 16, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 300, (n,))
-    ours = commands._LinearCrossEntropy.apply(h, w, targets)
+    ours = commands._LinearCrossEntropy.apply(h, w, targets, torch.float64)
     grads = torch.autograd.grad(3 * ours, [h, w])
     theirs = F.cross_entropy(F.linear(h, w), targets)
     expected = torch.autograd.grad(3 * theirs, [h, w])
     assert ours.item() == pytest.approx(theirs.item(), abs=1e-12)
     for a, b in zip(grads, expected):
         assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_pretraining_loss_with_bf16_products():
+    """bf16 products (sentiment_mini's pretraining on a CPU that has them): mixed precision, close to the
+    fp32 loss and gradients, and the loss and gradients kept in fp32."""
+    torch.manual_seed(0)
+    n = commands._LinearCrossEntropy.CHUNK + 7
+    h = torch.randn(n, 64, requires_grad=True)
+    w = (0.1 * torch.randn(5000, 64)).requires_grad_()
+    targets = torch.randint(0, 5000, (n,))
+    ours = commands._LinearCrossEntropy.apply(h, w, targets, torch.bfloat16)
+    grads = torch.autograd.grad(ours, [h, w])
+    theirs = F.cross_entropy(F.linear(h, w), targets)
+    expected = torch.autograd.grad(theirs, [h, w])
+    assert ours.dtype == torch.float32 and all(g.dtype == torch.float32 for g in grads)
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-3)
+    for a, b in zip(grads, expected):
+        assert (a - b).abs().max() <= 0.02 * b.abs().max()
+        assert not torch.equal(a, b)  # the products were bf16
+
+
+def test_pretraining_products_dtype(monkeypatch):
+    """bf16 products only when asked for and where the CPU multiplies bf16 natively (emulated bf16 is
+    slower than fp32); the demo (27 tokens) keeps fp32, the miniature (50,257) asks."""
+    assert not demo.EXPERIMENT.pretrain.bf16_products and sentiment_mini.EXPERIMENT.pretrain.bf16_products
+    asked = dataclasses.replace(demo.EXPERIMENT.pretrain, bf16_products=True)
+    assert commands.pretraining_products_dtype(demo.EXPERIMENT.pretrain) == torch.float32
+    for native in (False, True):
+        monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: native)
+        monkeypatch.setattr(torch.cpu, '_is_amx_tile_supported', lambda: False)
+        assert commands.pretraining_products_dtype(asked) == (torch.bfloat16 if native else torch.float32)
+        # The cached model's key says which, so that a model made one way is not taken for the other.
+        key = commands._pretrain_key(dataclasses.replace(demo.EXPERIMENT, pretrain=asked))
+        assert key['products_dtype'] == ('bfloat16' if native else 'float32')
 
 
 def test_sentiment_mini_task_is_the_books_task_but_dataset_and_model():

@@ -44,8 +44,9 @@ EXPERIMENT = commands.OfflineExperiment(
     encoding=encodings.Main,
     corpus=pretraining_corpus,
     # n_ctx 96 >= the books task's 64 query + 24 response tokens. 800 steps: about 2.8 passes over the train
-    # split's 220k tokens, 3.4 minutes on 2 cores.
-    pretrain=commands.PretrainHParams(n_layer=2, n_embd=128, n_head=4, n_ctx=96, steps=800, batch_size=8, lr=3e-3),
+    # split's 220k tokens, 2.9 minutes on 2 cores with bf16 products (5.2 in fp32).
+    pretrain=commands.PretrainHParams(n_layer=2, n_embd=128, n_head=4, n_ctx=96, steps=800, batch_size=8, lr=3e-3,
+                                      bf16_products=True),
     labeler=commands.Labeler(name='vader', description='VADER (vaderSentiment): prefer the most positive response '
                                                        '(the highest compound score)',
                              score_name='VADER compound score', score=vader.compound_score, title='VADER'),

@@ -179,8 +179,9 @@ def test_pretraining_products_dtype(monkeypatch):
     asked = dataclasses.replace(demo.EXPERIMENT.pretrain, bf16_products=True)
     assert commands.pretraining_products_dtype(demo.EXPERIMENT.pretrain) == torch.float32
     for native in (False, True):
-        monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: native)
-        monkeypatch.setattr(torch.cpu, '_is_amx_tile_supported', lambda: False)
+        # raising=False: a torch without these private probes is what the code's fallback is for.
+        monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: native, raising=False)
+        monkeypatch.setattr(torch.cpu, '_is_amx_tile_supported', lambda: False, raising=False)
         assert commands.pretraining_products_dtype(asked) == (torch.bfloat16 if native else torch.float32)
         # The cached model's key says which, so that a model made one way is not taken for the other.
         key = commands._pretrain_key(dataclasses.replace(demo.EXPERIMENT, pretrain=asked))

@@ -165,7 +165,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
             probs[torch.arange(len(t_rows)), t_rows] -= 1  # d loss / d logits, for the sum over rows
             probs = probs.to(products_dtype)
             grad_h[rows] = probs @ w_products
-            grad_w += probs.T @ h_rows
+            if probs.dtype == grad_w.dtype:
+                grad_w.addmm_(probs.T, h_rows)  # fused: no [n_vocab, e] temporary
+            else:
+                grad_w += probs.T @ h_rows  # a bf16 product, summed into the fp32 gradient
         ctx.save_for_backward(grad_h, grad_w)
         ctx.n = n
         return total / n
@@ -235,14 +238,14 @@ def ensure_pretrained(exp: OfflineExperiment):
         with open(key_path) as f:
             cached = json.load(f)
     try:
-        if cached == _pretrain_key(exp) and checkpoints.latest_checkpoint(out_dir) is not None:
+        key = _pretrain_key(exp)
+        if cached == key and checkpoints.latest_checkpoint(out_dir) is not None:
             print(f'{exp.name}: using the pretrained initial model in {out_dir}')
         else:
             p = exp.pretrain
             print(f'{exp.name}: pretraining the initial model into {out_dir} ({p.n_layer} layers, width '
                   f'{p.n_embd}, {exp.encoding.n_vocab:,}-token vocabulary, {p.steps} steps of {p.batch_size} '
-                  f'x {p.n_ctx} tokens; {str(pretraining_products_dtype(p)).removeprefix("torch.")} products with the '
-                  f'output embedding)', flush=True)
+                  f'x {p.n_ctx} tokens; {key["products_dtype"]} products with the output embedding)', flush=True)
             pretrain(exp, out_dir)
     except Exception as e:
         utils.mpi_bcast(f'{type(e).__name__}: {e}')  # the other ranks must not wait for a model that never comes

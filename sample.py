@@ -13,8 +13,15 @@ task's test split. nsamples 0 (the default, as the original) samples forever.
 
 (ours) `export` writes DIR's policy (or reward model) as a Hugging Face transformers GPT-2 folder; `plot`
 draws its learning curves again (the figures its run drew), or with --out all of them in one figure.
+
+    python sample.py best_of_n --save_dir DIR [--n 32] [--queries 256] [--seed 0]
+
+(ours) for a run of an offline experiment (demo, sentiment_mini): the labeler's score of the best of k
+samples of the initial policy, picked by the run's reward model, by PPO's score and by the labeler,
+beside best-of-k's KL.
 """
 
+import json
 import os
 from functools import partial
 
@@ -171,9 +178,50 @@ def launch_plot(save_dir=None, out=None, title=None):
         print(path)
 
 
+def launch_best_of_n(save_dir=None, n=32, queries=256, seed=0):
+    """Ours: for a train_policy save dir of an offline experiment (demo, sentiment_mini), how much of the
+    labeler its reward model holds and its PPO score keeps: the labeler's score of the best of k samples of
+    the initial policy, picked by the reward model, by PPO's score (the reward model and the task's
+    penalty) and by the labeler, for k = 1, 2, 4, ... n, beside best-of-k's KL bound and the policy's gain
+    in the run's report."""
+    if save_dir is None or not os.path.isfile(os.path.join(save_dir, 'train_policy_hparams.json')):
+        raise launch.ConfigError(f'best_of_n needs --save_dir DIR, a train_policy save dir; {save_dir} has no '
+                                 f'train_policy_hparams.json')
+    for name, value in (('n', n), ('queries', queries)):
+        if not isinstance(value, int) or value < 1:
+            raise launch.ConfigError(f'best_of_n: --{name} is {value!r}; it must be a whole number at least 1')
+    hparams = train_policy.HParams()
+    hparams.override_from_json_file(os.path.join(save_dir, 'train_policy_hparams.json'))
+    exps = [exp for exp in OFFLINE_EXPERIMENTS if hparams.task.query_dataset == exp.name]
+    if not exps:
+        raise launch.ConfigError(f"best_of_n is for the offline experiments ({', '.join(e.name for e in OFFLINE_EXPERIMENTS)}), "
+                                 f"whose labelers it runs; {save_dir} is a run of task.query_dataset "
+                                 f"'{hparams.task.query_dataset}'")
+    exp = exps[0]
+    rows, scores = offline.best_of_n(exp, hparams, n=n, queries=queries, seed=seed)
+    unit = float(scores.std(unbiased=False))  # the initial policy's, as the report's unit
+    start = float(scores.mean())
+    print(f'{exp.labeler.score_name} of the best of k samples of the initial policy, on {queries} test queries; '
+          f'(+x): standard deviations of its scores ({unit:.2f}), to a standard error of about {1 / queries ** 0.5:.2f}')
+    columns = (('reward_model_pick', 'the reward model'), ('ppo_score_pick', "PPO's score"),
+               ('labeler_pick', exp.labeler.title))
+    print(f"{'k':>4} {'KL bound':>9}" + ''.join(f'{"picked by " + title:>28}' for _, title in columns))
+    for row in rows:
+        print(f"{row['k']:>4} {row['kl_bound']:>9.2f}" +
+              ''.join(f"{row[key]:>20.3f} ({(row[key] - start) / unit:+.2f})" for key, _ in columns))
+    report_path = offline.report_file(exp, save_dir)
+    if os.path.isfile(report_path):
+        with open(report_path) as f:
+            report = json.load(f)
+        key = exp.labeler.name
+        print(f"the run's PPO policy: {report[f'{key}_gain_initial_stds']:+.2f} at objective/kl {report['kl']:.2f} nats"
+              if f'{key}_gain_initial_stds' in report else f"the run's PPO policy: objective/kl {report['kl']:.2f} nats")
+
+
 # `--help` for the options left unset.
 launch_sample.option_help = dict(save_dir=launch.REQUIRED, seed='random', procs=launch.PROCS_HELP)
 launch_export.option_help = dict(save_dir=launch.REQUIRED, out=launch.REQUIRED)
+launch_best_of_n.option_help = dict(save_dir=launch.REQUIRED)
 launch_plot.option_help = dict(save_dir=launch.REQUIRED, out="none: the save dir's own figures, drawn again",
                                title='the save dir (an offline experiment: its command)')
 
@@ -182,6 +230,7 @@ COMMANDS = dict(
     sample=launch_sample,
     export=launch_export,
     plot=launch_plot,
+    best_of_n=launch_best_of_n,
 )
 
 if __name__ == '__main__':

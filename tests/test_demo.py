@@ -66,6 +66,19 @@ def test_report_line_of_the_reward_model():
             'training labels: 71.2%') in commands.format_report(demo.EXPERIMENT, report).splitlines()
 
 
+def test_score_report_gain_in_initial_stds():
+    before, after = torch.tensor([0., 1., 2., 3.]), torch.tensor([2., 3., 4., 6.])
+    report = commands.score_report(demo.EXPERIMENT.labeler, before, after)
+    unit = np.std([0, 1, 2, 3])  # the initial policy's std, as reported (ddof 0)
+    assert report['rule_initial_std'] == pytest.approx(unit)
+    assert report['rule_gain_initial_stds'] == pytest.approx((3.75 - 1.5) / unit)
+    # The standard error of a difference of two independent means, each from its sample variance (ddof 1).
+    se = np.sqrt(np.var([0, 1, 2, 3], ddof=1) / 4 + np.var([2, 3, 4, 6], ddof=1) / 4) / unit
+    assert report['rule_gain_initial_stds_se'] == pytest.approx(se)
+    lines = commands.format_report(demo.EXPERIMENT, dict(report, wall_time_s=1)).splitlines()
+    assert f"  gain: +{(3.75 - 1.5) / unit:.2f} standard deviations of the initial policy's scores (standard error {se:.2f})" in lines
+
+
 @pytest.mark.slow  # end to end: the full suite only (the fast tier is -m "not slow")
 def test_short_demo_learns(tmp_path, short_demo, capsys):
     top_launch.launch_train_policy('demo', 'short', save_dir=str(tmp_path), **short_demo)
@@ -97,6 +110,8 @@ def test_short_demo_learns(tmp_path, short_demo, capsys):
     n = report['eval_queries']
     stderr = np.hypot(report['rule_initial_std'], report['rule_trained_std']) / np.sqrt(n)
     assert report['rule_trained_mean'] - report['rule_initial_mean'] > max(0.5, 4 * stderr), report
+    assert report['rule_gain_initial_stds'] == pytest.approx(
+        (report['rule_trained_mean'] - report['rule_initial_mean']) / report['rule_initial_std'])
     assert report['rm_chance_accuracy'] == 0.25 and report['rm_heldout_accuracy'] > 0.35, report
     assert report['rm_heldout_accuracy'] <= report['rm_ceiling_accuracy'] + 0.1  # the ceiling is an expectation, not a bound
     assert 0.25 < report['rm_train_accuracy'] <= 1  # its accuracy on its training labels (eval_train_labels)

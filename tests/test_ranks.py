@@ -215,7 +215,7 @@ def test_demo_model_same_for_any_number_of_processes(tmp_path):
     assert_same(one, four)
     reports = [json.loads((runs[p] / 'demo_report.json').read_text()) for p in (1, 4)]
     rule_scores = [{k: v for k, v in report.items() if k.startswith('rule_')} for report in reports]
-    assert len(rule_scores[0]) == 4 and rule_scores[0] == rule_scores[1]  # the same samples of the trained policy
+    assert len(rule_scores[0]) == 6 and rule_scores[0] == rule_scores[1]  # the same samples of the trained policy
     assert reports[0]['examples'] == reports[1]['examples']
 
 

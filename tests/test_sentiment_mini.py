@@ -11,9 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from lm_human_preferences import label_types, sentiment_mini
+from lm_human_preferences import label_types, sentiment_mini, train_policy
 from lm_human_preferences.demo import commands
 from lm_human_preferences.language import checkpoints, encodings
 from lm_human_preferences.sentiment_mini import vader
@@ -24,6 +25,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location('top_launch', REPO_ROOT / 'launch.py')
 top_launch = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(top_launch)
+_spec = importlib.util.spec_from_file_location('sample_cli', REPO_ROOT / 'sample.py')
+sample_cli = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sample_cli)
 
 REPORT_KEYS = {'vader_initial_mean', 'vader_initial_std', 'vader_trained_mean', 'vader_trained_std', 'kl', 'kl_target',
                'rm_heldout_accuracy', 'rm_ceiling_accuracy', 'wall_time_s'}
@@ -81,6 +85,10 @@ def test_short_sentiment_mini(tmp_path, short_mini, capsys):
         assert -1 <= report[f'vader_{when}_mean'] <= 1 and len(report['examples'][when]) == 5
     assert list(report['phase_times_s']) == ['initial model', 'labels', 'train_reward', 'train_policy', 'report samples']
     assert 'SENTIMENT_MINI REPORT' in out and 'VADER compound score of 32 samples on test queries: ' in out
+    # The gain in the unit of the bar, the initial policy's standard deviation, with its standard error.
+    gain, gain_se = report['vader_gain_initial_stds'], report['vader_gain_initial_stds_se']
+    assert gain == pytest.approx((report['vader_trained_mean'] - report['vader_initial_mean']) / report['vader_initial_std'])
+    assert f"  gain: {gain:+.2f} standard deviations of the initial policy's scores (standard error {gain_se:.2f})" in out
     for png in ('train_reward_curves.png', 'train_policy_curves.png', 'sentiment_mini_curves.png'):
         assert (save_dir / png).read_bytes()[:4] == b'\x89PNG'
 
@@ -91,6 +99,24 @@ def test_short_sentiment_mini(tmp_path, short_mini, capsys):
     assert proc.returncode == 0, proc.stderr[-3000:]
     blocks = proc.stdout.split('=' * 80 + '\n')[1:]
     assert len(blocks) == 4 and len(blocks[0].splitlines()[0]) > 40  # a query of up to 64 BPE tokens
+
+    # best_of_n on the run: the labeler's score of the best of k initial-policy samples, picked by the run's
+    # reward model and by VADER itself (never below the reward model's pick; the same sample when k = 1).
+    hparams = train_policy.HParams()
+    hparams.override_from_json_file(str(save_dir / 'train_policy_hparams.json'))
+    rows, scores = commands.best_of_n(sentiment_mini.EXPERIMENT, hparams, n=4, queries=8, seed=0)
+    assert scores.shape == (8, 4) and [row['k'] for row in rows] == [1, 2, 4]
+    assert rows[0]['reward_model_pick'] == rows[0]['ppo_score_pick'] == rows[0]['labeler_pick'] == pytest.approx(
+        float(scores[:, 0].mean()))
+    for row in rows:
+        assert max(row['reward_model_pick'], row['ppo_score_pick']) <= row['labeler_pick'] + 1e-12
+        assert row['labeler_pick'] == pytest.approx(float(scores[:, :row['k']].max(dim=1).values.mean()))
+        assert row['kl_bound'] == pytest.approx(np.log(row['k']) - (row['k'] - 1) / row['k'])
+    assert rows[1]['labeler_pick'] <= rows[2]['labeler_pick']
+    sample_cli.launch_best_of_n(save_dir=str(save_dir), n=4, queries=8)
+    out = capsys.readouterr().out
+    assert 'VADER compound score of the best of k samples of the initial policy, on 8 test queries; ' in out
+    assert re.search(r'^   4      0\.64 +-?[\d.]+ \([+-][\d.]+\) +-?[\d.]+ \([+-][\d.]+\) +-?[\d.]+ \([+-][\d.]+\)$', out, re.M) and f"the run's PPO policy: {report['vader_gain_initial_stds']:+.2f}" in out, out
 
     # A second run uses the cached initial model.
     top_launch.launch_train_reward('sentiment_mini', 'again', save_dir=str(tmp_path),

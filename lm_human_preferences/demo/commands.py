@@ -40,7 +40,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from lm_human_preferences import label_types, lm_tasks, train_policy as train_policy_module, \
+from lm_human_preferences import label_types, lm_tasks, rewards, train_policy as train_policy_module, \
     train_reward as train_reward_module
 from lm_human_preferences.language import checkpoints, encodings, model, trained_models
 from lm_human_preferences.policy import Policy
@@ -408,6 +408,49 @@ def sample_scores(exp: OfflineExperiment, model_name, task, *, seed):
     return scores, results[0][1]
 
 
+@torch.no_grad()
+def best_of_n(exp: OfflineExperiment, hparams: train_policy_module.HParams, *, n, queries, seed):
+    """Ours, a diagnostic of how much of the labeler a run's reward model holds and how much of it PPO's
+    score keeps: n samples of the initial policy for each of `queries` test queries. For k = 1, 2, 4, ... n:
+    the labeler's mean score of the sample ranked first among the first k by the reward model (on the
+    postprocessed sample), by PPO's score (the same, with penalty_reward_value for the samples the task's
+    filter rejects) and by the labeler itself, beside best-of-k's KL from the initial policy, at most
+    log k - (k - 1) / k nats (Stiennon et al. 2020; Beirami et al. 2024), against PPO's objective/kl. One process.
+    Returns (rows, the labeler's scores [queries, n])."""
+    with _cpu_threads(exp):
+        return _best_of_n(exp, hparams, n=n, queries=queries, seed=seed)
+
+
+def _best_of_n(exp, hparams, *, n, queries, seed):
+    task = hparams.task
+    policy, encoder = _frozen_policy(task.policy.initial_model, task)
+    reward_model = rewards.TrainedRewardModel(hparams.rewards.trained_model, exp.encoding).to(utils.get_device())
+    score_fn = train_policy_module.make_score_fn(task, reward_model)
+    sampler = lm_tasks.make_query_sampler(hparams=task, encoder=encoder, batch_size=queries, mode='test')
+    query_tokens = sampler()['tokens']
+    generator = _generator(seed)
+    rankings = dict(reward_model=[], ppo_score=[])
+    labeler_scores = []
+    for _ in range(n):
+        responses = policy.respond(query_tokens, task.response_length, generator=generator)['responses']
+        ppo_scores, postprocessed, _ = score_fn(query_tokens, responses)
+        rankings['reward_model'].append(reward_model.score_fn(query_tokens, postprocessed).float().cpu())
+        rankings['ppo_score'].append(ppo_scores.float().cpu())
+        labeler_scores.append(exp.labeler.scores(postprocessed, encoder))
+    labeler_scores = torch.stack(labeler_scores, dim=1)  # [q, n]
+    rankings = {name: torch.stack(columns, dim=1) for name, columns in rankings.items()}  # [q, n] each
+    rows, k = [], 1
+    while k <= n:
+        row = dict(k=k, kl_bound=float(np.log(k) - (k - 1) / k))
+        for name, ranking in rankings.items():
+            picked = labeler_scores.gather(1, ranking[:, :k].argmax(dim=1, keepdim=True))
+            row[f'{name}_pick'] = float(picked.mean())
+        row['labeler_pick'] = float(labeler_scores[:, :k].max(dim=1).values.mean())
+        rows.append(row)
+        k *= 2
+    return rows, labeler_scores
+
+
 def read_stats(path):
     """The rows of a stats JSONL file (utils.core.record_stats), [] when it does not exist."""
     if not os.path.isfile(path):
@@ -417,11 +460,17 @@ def read_stats(path):
 
 
 def score_report(labeler: Labeler, before, after):
-    """The labeler's scores [n] of the initial and the trained policy's samples: mean and std of each."""
+    """The labeler's scores [n] of the initial and the trained policy's samples: mean and std of each, and
+    the gain in standard deviations of the initial policy's scores (the unit of the experiments' bars) with
+    its standard error (the two samples independent: one response per query from each policy)."""
     def mean_std(when, scores):
         return {f'{labeler.name}_{when}_mean': float(scores.mean()),
                 f'{labeler.name}_{when}_std': float(scores.std(unbiased=False))}
-    return dict(eval_queries=len(before), **mean_std('initial', before), **mean_std('trained', after))
+    unit = float(before.std(unbiased=False))
+    gain = float(after.mean() - before.mean()) / unit if unit > 0 else float('nan')
+    gain_se = float((before.var() / len(before) + after.var() / len(after)).sqrt()) / unit if unit > 0 else float('nan')
+    return dict(eval_queries=len(before), **mean_std('initial', before), **mean_std('trained', after),
+                **{f'{labeler.name}_gain_initial_stds': gain, f'{labeler.name}_gain_initial_stds_se': gain_se})
 
 
 def reward_report(save_dir, *, ceiling, num_responses):
@@ -461,6 +510,8 @@ def format_report(exp: OfflineExperiment, report):
         lines.append(f"{labeler.score_name} of {report['eval_queries']} samples on test queries: "
                      f"{report[f'{key}_initial_mean']:.2f} +- {report[f'{key}_initial_std']:.2f} (initial policy) -> "
                      f"{report[f'{key}_trained_mean']:.2f} +- {report[f'{key}_trained_std']:.2f} (trained policy)")
+        lines.append(f"  gain: {report[f'{key}_gain_initial_stds']:+.2f} standard deviations of the initial policy's "
+                     f"scores (standard error {report[f'{key}_gain_initial_stds_se']:.2f})")
     if 'kl' in report:
         target = f"{report['kl_target']:g}" if report['kl_target'] is not None else 'none (fixed kl_coef)'
         lines.append(f"objective/kl (last 10% of {report['ppo_batches']} PPO batches): {report['kl']:.2f} nats, "

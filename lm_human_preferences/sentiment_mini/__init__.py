@@ -50,6 +50,9 @@ EXPERIMENT = commands.OfflineExperiment(
     labeler=commands.Labeler(name='vader', description='VADER (vaderSentiment): prefer the most positive response '
                                                        '(the highest compound score)',
                              score_name='VADER compound score', score=vader.compound_score, title='VADER'),
+    # 1,024 test queries, not 256: the trained policy's gain is then measured to a standard error of about
+    # 0.05 of the initial policy's standard deviation instead of 0.1, for the bar of +1 (13 s more).
+    eval_queries=1024,
     # Unlike the demo's, this model's time goes to large matrix products (the logits over 50,257 tokens),
     # which a second thread nearly halves.
     cpu_threads=2,

@@ -180,8 +180,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_h * scale, grad_w * scale, None, None
 
 
-def pretrain(exp: OfflineExperiment, out_dir):
-    """Train the experiment's initial model on its corpus and save it to out_dir (our checkpoint format).
+def pretrain(exp: OfflineExperiment, out_dir, key):
+    """Train the experiment's initial model on its corpus and save it to out_dir (our checkpoint format),
+    with key (_pretrain_key: what it was made from) in pretrain.json.
 
     Written to a temporary dir that is then renamed into place, so a crash never leaves a half model.
     """
@@ -216,7 +217,7 @@ def pretrain(exp: OfflineExperiment, out_dir):
     tmp = f'{out_dir}.tmp-{os.getpid()}'
     checkpoints.save_checkpoint(tmp, hparams.steps, lm, hparams=model_hparams, encoding=exp.encoding)
     with open(os.path.join(tmp, 'pretrain.json'), 'w') as f:
-        json.dump(_pretrain_key(exp), f, indent=2)
+        json.dump(key, f, indent=2)
     if os.path.isdir(out_dir):  # a stale model (other hparams or corpus): replaced
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)
@@ -246,7 +247,7 @@ def ensure_pretrained(exp: OfflineExperiment):
             print(f'{exp.name}: pretraining the initial model into {out_dir} ({p.n_layer} layers, width '
                   f'{p.n_embd}, {exp.encoding.n_vocab:,}-token vocabulary, {p.steps} steps of {p.batch_size} '
                   f'x {p.n_ctx} tokens; {key["products_dtype"]} products with the output embedding)', flush=True)
-            pretrain(exp, out_dir)
+            pretrain(exp, out_dir, key)
     except Exception as e:
         utils.mpi_bcast(f'{type(e).__name__}: {e}')  # the other ranks must not wait for a model that never comes
         raise
@@ -466,9 +467,9 @@ def score_report(labeler: Labeler, before, after):
     def mean_std(when, scores):
         return {f'{labeler.name}_{when}_mean': float(scores.mean()),
                 f'{labeler.name}_{when}_std': float(scores.std(unbiased=False))}
-    unit = float(before.std(unbiased=False))
-    gain = float(after.mean() - before.mean()) / unit if unit > 0 else float('nan')
-    gain_se = float((before.var() / len(before) + after.var() / len(after)).sqrt()) / unit if unit > 0 else float('nan')
+    unit = float(before.std(unbiased=False)) or float('nan')  # no unit when the initial scores are all equal
+    gain = float(after.mean() - before.mean()) / unit
+    gain_se = float((before.var() / len(before) + after.var() / len(after)).sqrt()) / unit
     return dict(eval_queries=len(before), **mean_std('initial', before), **mean_std('trained', after),
                 **{f'{labeler.name}_gain_initial_stds': gain, f'{labeler.name}_gain_initial_stds_se': gain_se})
 

@@ -19,6 +19,12 @@ logprobs, the scores, `ppo.noptepochs` passes of forward and backward; logits on
 MFU is that over the time and over the peak a large matrix product reaches on this device in the run's
 dtype, measured at the start. `--repo DIR` times another checkout's code (e.g. an older commit's
 `git worktree`) with this script.
+
+`--profile N` runs the Nth update (not the set-up, not the warm-up) under torch.profiler and prints where it
+went: its wall time, the GPU kernels' summed time and share of it, the kernels by summed time, the ops by
+device (or CPU) time with their input shapes, and the host side:
+
+    python benchmarks/train_timing.py --exp sentiment --model 124M --updates 4 --profile 3
 """
 import argparse
 import contextlib
@@ -40,6 +46,57 @@ SHAPES = {  # GPT-2's release shapes; vocabulary 50,257 and context 1,024 for al
 }
 BOOKS = Path(__file__).resolve().parents[1] / 'lm_human_preferences' / 'sentiment_mini' / 'books'  # the queries' text
 RUN_UPDATES = dict(sentiment=1_954, descriptiveness=1_954, tldr=31_250, cnndm=31_250)  # 1M episodes / batch
+
+
+def profile_update(train_policy, at):
+    """Profile PPOTrainer.step's `at`-th call (1-based); returns a function that prints the profile."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    step, state = train_policy.PPOTrainer.step, dict(calls=0, prof=None, wall=None)
+
+    def profiled(self):
+        state['calls'] += 1
+        if state['calls'] != at:
+            return step(self)
+        sync()
+        prof = profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda, record_shapes=True)
+        started = time.perf_counter()
+        with prof:
+            result = step(self)
+            sync()
+        state.update(prof=prof, wall=time.perf_counter() - started)
+        return result
+    train_policy.PPOTrainer.step = profiled
+
+    def report():
+        prof, wall = state['prof'], state['wall']
+        if prof is None:
+            sys.exit(f'train_timing: update {at} never ran (--updates is too small)')
+        from torch.autograd import DeviceType
+        kernels = [e for e in prof.events() if getattr(e, 'device_type', None) == DeviceType.CUDA]
+        busy = sum(e.time_range.elapsed_us() for e in kernels) / 1e6
+        graphs = sum(e.name == 'cudaGraphLaunch' for e in prof.events())
+        print(f'\nprofiled update {at}: wall {wall * 1e3:.0f} ms' + (
+            f'; GPU kernels {busy * 1e3:.0f} ms ({busy / wall:.0%} of wall), {len(kernels)} kernels, {graphs} graph '
+            f'launches' if cuda else ''))
+        if cuda:
+            by_name = {}
+            for e in kernels:
+                t, n = by_name.get(e.name[:90], (0, 0))
+                by_name[e.name[:90]] = (t + e.time_range.elapsed_us(), n + 1)
+            print('kernels by summed time:')
+            for name, (t, n) in sorted(by_name.items(), key=lambda x: -x[1][0])[:25]:
+                print(f'  {t / 1e3:8.1f} ms {n:6d}x  {name}')
+        own = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+        print(f'ops by self {"device" if cuda else "CPU"} time, with input shapes:')
+        for e in sorted(prof.key_averages(group_by_input_shape=True), key=own, reverse=True)[:30]:
+            print(f'  {own(e) / 1e3:8.1f} ms {e.count:6d}x  {e.key[:40]:40s} {str(e.input_shapes)[:150]}')
+        if cuda:
+            print('host side by self CPU time:')
+            for e in sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:12]:
+                print(f'  {e.self_cpu_time_total / 1e3:8.1f} ms {e.count:6d}x  {e.key[:80]}')
+    return report
 
 
 class Tee(io.TextIOBase):
@@ -64,6 +121,7 @@ def main():
     p.add_argument('--bf16', default=None, choices=['true', 'false'], help="run.bf16 (default: on with CUDA)")
     p.add_argument('--repo', default=str(Path(__file__).resolve().parents[1]), help='the checkout to time')
     p.add_argument('--json', default=None)
+    p.add_argument('--profile', type=int, default=None, metavar='N', help='profile the Nth update')
     args = p.parse_args()
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -76,6 +134,7 @@ def main():
     os.chdir(repo)
     # An older checkout downloads GPT-2's BPE files unless this names a dir of them: ours ship them.
     os.environ.setdefault('LMHP_GPT2_ENCODING_DIR', str(BOOKS.parents[1] / 'language' / 'gpt2_bpe'))
+    from lm_human_preferences import train_policy
     from lm_human_preferences.language import checkpoints, encodings, model
     from lm_human_preferences.utils import launch as launch_utils
     assert Path(model.__file__).resolve().is_relative_to(repo), model.__file__
@@ -112,6 +171,7 @@ def main():
         argv += ['--run.bf16', args.bf16]
     print('train_timing:', ' '.join(argv), flush=True)
 
+    report_profile = profile_update(train_policy, args.profile) if args.profile else None
     if device.type == 'cuda':
         torch.cuda.reset_peak_memory_stats()
     tee = Tee(sys.stdout)
@@ -130,7 +190,10 @@ def main():
     q, r = trial['task.query_length'], trial['task.response_length']
     flops = line_flops(m, Workload(args.exp, q, r, batch, trial.get('ppo.nminibatches', 1),
                                    trial.get('ppo.noptepochs', 4)), 'ppo_update')
-    per_update = sum(step_times[1:]) / len(step_times[1:])
+    timed = [t for i, t in enumerate(step_times[1:], start=2) if i != args.profile]  # not the profiled update
+    if not timed:
+        sys.exit(f'train_timing: no update left to time besides the first and the profiled one: run more --updates')
+    per_update = sum(timed) / len(timed)
     result = dict(
         exp=args.exp, model=args.model, shape=m, dtype='bf16' if bf16 else 'fp32', microbatch=args.microbatch,
         repo=str(repo), device=torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu',
@@ -148,6 +211,8 @@ def main():
     if args.json:
         with open(args.json, 'w') as f:
             json.dump(result, f, indent=1)
+    if report_profile:
+        report_profile()
 
 
 if __name__ == '__main__':

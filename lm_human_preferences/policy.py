@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from lm_human_preferences.language import model, sample
+from lm_human_preferences.language import bf16, model, sample
 from lm_human_preferences.utils import core as utils
 
 
@@ -101,8 +101,18 @@ class Policy(nn.Module):
         tokens = torch.cat([contexts, responses], dim=1)
         # The positions that predict the response tokens (the original sliced them from all positions).
         # No KV cache either: nothing extends these sequences.
-        result = self.step_core(self.model_hparams, tokens, output_positions=slice(context_length - 1, -1),
-                                return_present=False)
+        positions = slice(context_length - 1, -1)
+        if bf16.autocast_dtype(tokens.device.type) is not None:
+            # Ours, bf16 mode: the same numbers from the hidden states, the logits made and read in one pass.
+            lm_output = self.model(tokens, padding_token=self.padding_token, output_positions=positions,
+                                   lm_logits=False, return_present=False)
+            h = lm_output['h']  # [b, response_length, e]
+            logprobs, entropies = bf16.logprobs_and_entropies(
+                h.reshape(-1, h.shape[-1]), self.model.wte[:self.model_hparams.n_vocab], responses.reshape(-1),
+                self.temperature)
+            return dict(logprobs=logprobs.view_as(responses), entropies=entropies.view_as(responses),
+                        values=lm_output['value'])
+        result = self.step_core(self.model_hparams, tokens, output_positions=positions, return_present=False)
         logits = result['logits']
 
         logits = logits / self.temperature

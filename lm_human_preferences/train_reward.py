@@ -278,6 +278,7 @@ class RewardModelTrainer():
         # The original's utils.minimize: gradients all-reduce-averaged over ranks, then TF1 Adam with
         # epsilon 1e-5 over all reward model params (the reward gain and bias included), no clipping.
         self.optimizer = utils.AdamTF(self.reward_model.parameters(), lr=hparams.lr, eps=1e-5)
+        self.rank_gradients = utils.RankGradients(self.reward_model.parameters())
         # Minibatches trained so far (the original's train_step variable): the only training position.
         self.global_step = 0
         # Ours, for resuming: the label order (drawn once after normalize_before), the results so far, and
@@ -296,8 +297,8 @@ class RewardModelTrainer():
     def loss(self, labels, *, train, ranks=1):
         """The label type's stats (its 'loss' included) on labels, and the rewards each sample got ({sample
         key: [n]}). ranks (ours): the labels of that many ranks side by side (rows grouped by rank); the stats
-        are then each rank's, [ranks] per key, and with train the gradient of the mean of the ranks' losses
-        adds to .grad.
+        are then each rank's, [ranks] per key, and with train each rank's gradient, from its own passes, is added
+        to self.rank_gradients (the original's ranks each computed theirs; see core.RankGradients).
 
         Ours: the reward model runs on microbatches of labels holding at most run.microbatch_size sequences
         (a label's query with each of its samples), each microbatch's share of the mean loss back-propagated
@@ -305,22 +306,27 @@ class RewardModelTrainer():
         rewards the samples got (no model pass): the same as without a split, for every label type.
         """
         n = len(labels['query'])
+        per_rank = n // ranks
         labels_per_piece = None if self.microbatch_size is None else self.microbatch_size // len(self.sample_keys)
         rewards = {k: [] for k in self.sample_keys}
-        for piece in utils.microbatches(n, labels_per_piece):
-            piece_labels = {k: v[piece] for k, v in labels.items()}
-            sample_key = {id(piece_labels[k]): k for k in self.sample_keys}
+        # Training, each rank's labels in passes of their own; evaluating, a pass may span ranks.
+        for group in utils.microbatches(n, per_rank) if train else [slice(0, n)]:
+            for piece in utils.microbatches(group.stop - group.start, labels_per_piece):
+                piece = slice(group.start + piece.start, group.start + piece.stop)
+                piece_labels = {k: v[piece] for k, v in labels.items()}
+                sample_key = {id(piece_labels[k]): k for k in self.sample_keys}
 
-            def reward_model(queries, responses):  # records what each sample scored
-                scored = self.reward_model.get_rewards(queries, responses)
-                rewards[sample_key[id(responses)]].append(scored.detach())
-                return scored
-            with torch.set_grad_enabled(train), utils.autocast(self.bf16):
-                piece_loss = self.label_type.loss(reward_model=reward_model, labels=piece_labels)['loss']
+                def reward_model(queries, responses):  # records what each sample scored
+                    scored = self.reward_model.get_rewards(queries, responses)
+                    rewards[sample_key[id(responses)]].append(scored.detach())
+                    return scored
+                with torch.set_grad_enabled(train), utils.autocast(self.bf16):
+                    piece_loss = self.label_type.loss(reward_model=reward_model, labels=piece_labels)['loss']
+                if train:
+                    # The label type's loss is a mean over labels: a microbatch adds its share of its rank's.
+                    (piece_loss * ((piece.stop - piece.start) / per_rank)).backward()
             if train:
-                # The label type's loss is a mean over labels, so the mean of the ranks' losses (each rank
-                # has n / ranks labels) is the mean over all n; a microbatch adds its share.
-                (piece_loss * ((piece.stop - piece.start) / n)).backward()
+                self.rank_gradients.add_rank()
         rewards = {k: utils.cat_pieces(v) for k, v in rewards.items()}
         with torch.no_grad(), utils.autocast(self.bf16):
             rank_stats = [self._label_type_loss({k: v[rows] for k, v in rewards.items()},
@@ -342,7 +348,7 @@ class RewardModelTrainer():
         self.optimizer.zero_grad(set_to_none=True)
         labels = self._to_device(self.train_buffer.read(np.concatenate(indices)))
         stats = self.loss(labels, train=True, ranks=len(indices))[0]
-        utils.mpi_allreduce_mean_grads(self.reward_model.parameters())
+        self.rank_gradients.mean_into_grads()  # the original's gradient all-reduce (mean over ranks)
         # Ours: stop before a non-finite update is applied (and so before it could be saved).
         utils.check_finite(self.global_step, **utils.per_rank('loss', stats['loss']),
                            grad_norm=utils.grad_norm(self.reward_model.parameters()))

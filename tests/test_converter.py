@@ -39,10 +39,13 @@ def tiny_hparams(**overrides):
     return hp
 
 
+def import_tf():
+    return pytest.importorskip('tensorflow', reason='needs tensorflow, the [tf] extra (pip install -e ".[tf]")')
+
+
 @pytest.fixture(scope='module')
 def tf():
-    tf = pytest.importorskip('tensorflow')
-    return tf
+    return import_tf()
 
 
 # --- writing original-style TF checkpoints -----------------------------------------------------------
@@ -165,10 +168,11 @@ def assert_no_pickle(directory):
 # --- the GPT-2 124M release ----------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_gpt2_124m_name_map(gpt2_124m_dir, tf):
+def test_gpt2_124m_name_map(gpt2_124m_dir):
     """The converter's map covers all 148 variables of OpenAI's 124M checkpoint (its index is enough to
     list them; the weights are not needed), 124,439,808 parameters, onto our Model's parameters."""
     d = gpt2_124m_dir
+    tf = import_tf()  # after the files' check: without them, the skip names the files whatever is installed
     variables = tf.train.list_variables(str(d / 'model.ckpt'))
     hp = checkpoints.load_hparams(str(d / 'hparams.json'))
     assert convert_tf.infer_scope(variables, str(d), source='124M') == ''

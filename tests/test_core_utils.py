@@ -356,7 +356,7 @@ def test_chunk_tensors():
 
 
 def _tf_adam_trajectory(init, grads_per_step, lrs):
-    tf = pytest.importorskip('tensorflow')
+    tf = pytest.importorskip('tensorflow', reason='needs tensorflow, the [tf] extra (pip install -e ".[tf]")')
     var = tf.Variable(init)
     lr = tf.Variable(lrs[0], dtype=tf.float32)
     opt = tf.compat.v1.train.AdamOptimizer(learning_rate=lr, epsilon=1e-5)

@@ -41,6 +41,12 @@ import launch as top_launch  # noqa: E402  (the top-level launch.py)
 pytestmark = pytest.mark.slow
 
 TOL = 1e-6
+# On CUDA, cuBLAS picks a GEMM kernel by the matrices' shapes, and --procs 1's one pass over 4 ranks' rows has
+# other shapes than --procs 2's or 4's passes: the PPO runs agree to that rounding, measured on an H100 at
+# 1.1e-5 (weights) and 3.4e-4 (stats, relative). The reward model, which passes over each rank's rows alone
+# (core.RankGradients), is exact there too.
+CUDA = torch.cuda.is_available()
+WEIGHTS_TOL, STATS_TOL = (3e-5, 1e-3) if CUDA else (TOL, TOL)
 N_VOCAB, PAD = 27, 27  # the `test` encoding
 NOT_COMPARED = ('elapsed/time', 'elapsed/fps')  # wall clock
 
@@ -133,12 +139,15 @@ def max_diff(a, b, parts=('model', 'adam', 'stats'), *, relative=False, gauge=Fa
     return max(diffs)
 
 
-def assert_same(a, b):
-    """Two outcomes agree: non-gauge weights within TOL absolutely, stats within TOL relatively, Adam's
-    moments within MOMENTS_TOL relatively, the gauge directions within GAUGE_TOL."""
+def assert_same(a, b, *, exact=False):
+    """Two outcomes agree: non-gauge weights within WEIGHTS_TOL absolutely, stats within STATS_TOL relatively,
+    Adam's moments within MOMENTS_TOL relatively, the gauge directions within GAUGE_TOL; exact: all within TOL
+    (a run whose passes have the same shapes whatever the layout)."""
     diffs = dict(weights=max_diff(a, b, ['model']), gauge=max_diff(a, b, ['model'], gauge=True),
                  stats=max_diff(a, b, ['stats'], relative=True), adam=max_diff(a, b, ['adam'], relative=True))
-    assert diffs['weights'] <= TOL and diffs['stats'] <= TOL, diffs
+    if exact:
+        assert max(diffs.values()) <= TOL, diffs
+    assert diffs['weights'] <= WEIGHTS_TOL and diffs['stats'] <= STATS_TOL, diffs
     assert diffs['gauge'] <= GAUGE_TOL and diffs['adam'] <= MOMENTS_TOL, diffs
 
 
@@ -178,7 +187,7 @@ def test_train_policy_same_for_any_number_of_processes_and_resumes_under_another
     assert model_change(policy[1], two_ranks) > 1e-4
     for procs in (2, 4):
         assert_same(policy[1], policy[procs])
-        assert_same(outcome(runs[1], 'reward_model'), outcome(runs[procs], 'reward_model'))
+        assert_same(outcome(runs[1], 'reward_model'), outcome(runs[procs], 'reward_model'), exact=True)
 
     # A run whose states were written by 4 processes goes on in 1: keep its state after PPO batch 1 only.
     resumed = tmp_path / 'resumed'
@@ -190,6 +199,20 @@ def test_train_policy_same_for_any_number_of_processes_and_resumes_under_another
     assert checkpointing.train_state_steps(resumed / 'policy') == [1]
     run('train_policy', 'test', tmp_path, 'resumed', procs=1, **args)
     assert_same(policy[1], outcome(resumed, 'policy'))
+
+
+def test_train_policy_test_exact_for_any_number_of_processes(tmp_path):
+    """The `test` experiment as it is (the original's `test` labels: every sample zeros, so the reward model's
+    loss is flat and Adam steps on the rounding of its gradient, about lr * 1e-2 a step) under --procs 1 and 2:
+    weights, Adam's moments and stats all within 1e-6, the reward model's too. Before each rank's gradient had
+    a pass of its own, the reward models differed by 4e-6 and the stats by 2e-5."""
+    args = {'ppo.batch_size': 32, 'ppo.total_episodes': 96}
+    runs = {procs: run('train_policy', 'test', tmp_path, f'procs{procs}', procs=procs, **args) for procs in (1, 2)}
+    assert_same(outcome(runs[1], 'reward_model'), outcome(runs[2], 'reward_model'), exact=True)
+    assert_same(outcome(runs[1], 'policy'), outcome(runs[2], 'policy'))
+    # What the reward model's steps on rounding amount to: with twice its learning rate it ends 10 TOL away.
+    faster = run('train_policy', 'test', tmp_path, 'faster', **args, **{'rewards.train_new_model.lr': 1e-4})
+    assert model_change(outcome(runs[1], "reward_model"), outcome(faster, "reward_model")) > 10 * TOL
 
 
 def demo_shaped_model(directory):

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lm_human_preferences.language import bf16
 from lm_human_preferences.utils import hyperparams
 
 
@@ -97,8 +98,9 @@ class Conv1x1(nn.Module):
         self.b = nn.Parameter(torch.zeros(nf))
 
     def forward(self, x):
-        # x [n, nx] -> [n, nf]: one op on the TF layout (x @ w + b is addmm's own form), no transpose.
-        return torch.addmm(self.b, x, self.w)
+        # x [n, nx] -> [n, nf]: one op on the TF layout (x @ w + b is addmm's own form), no transpose. In bf16
+        # mode the weights' bf16 copies are made once per update, not by autocast in every call (bf16.py).
+        return torch.addmm(bf16.cast_once(self.b), x, bf16.cast_once(self.w))
 
 
 class KVCache:
@@ -114,7 +116,7 @@ class KVCache:
     """
 
     def __init__(self, keys: List[torch.Tensor], values: List[torch.Tensor], real, n_real, length):
-        self.keys = keys      # n_layer x [b, nh, c, d] fp32 (attention is fp32); unwritten positions are 0
+        self.keys = keys      # n_layer x [b, nh, c, d] in attention's dtype; unwritten positions are 0
         self.values = values  # n_layer x [b, nh, c, d]
         self.real = real      # [b, c] bool: True where a real token's keys are (False: a pad, or not written)
         self.n_real = n_real  # [b] long: real tokens so far, the position id of the next one
@@ -125,10 +127,11 @@ class KVCache:
         return self.real.shape[1]
 
     @classmethod
-    def empty(cls, hparams: HParams, batch, capacity, *, device):
+    def empty(cls, hparams: HParams, batch, capacity, *, device, dtype=torch.float32):
         d = hparams.n_embd // hparams.n_head
         # Zeros, not empty: a masked key's score must be finite (0 * -1e10 terms), its value 0 (weight 0).
-        buffers = [torch.zeros(batch, hparams.n_head, capacity, d, device=device) for _ in range(2 * hparams.n_layer)]
+        buffers = [torch.zeros(batch, hparams.n_head, capacity, d, device=device, dtype=dtype)
+                   for _ in range(2 * hparams.n_layer)]
         return cls(buffers[0::2], buffers[1::2], torch.zeros(batch, capacity, dtype=torch.bool, device=device),
                    torch.zeros(batch, dtype=torch.long, device=device), torch.zeros(1, dtype=torch.long, device=device))
 
@@ -139,7 +142,7 @@ class KVCache:
         never attended to (the original passed them with every call)."""
         b, n_layer, _, nh, p, d = past.shape
         hparams = HParams(n_vocab=1, n_embd=nh * d, n_head=nh, n_layer=n_layer)
-        cache = cls.empty(hparams, b, p + room, device=past.device)
+        cache = cls.empty(hparams, b, p + room, device=past.device, dtype=past.dtype)
         for layer in range(n_layer):
             cache.keys[layer][:, :, :p] = past[:, layer, 0]
             cache.values[layer][:, :, :p] = past[:, layer, 1]
@@ -164,21 +167,19 @@ class Attention(nn.Module):
         """x [b*s, e]. cache: this layer's (keys, values) buffers [b, nh, c, d] or None; this call's keys
         and values are written at positions write_at [s] of it. attend_cache: attend over the whole cache
         (a call that extends one) instead of this call's keys only. bias: [b, 1, s, s or c] additive mask
-        (0 or MASKED), None for plain causal attention."""
+        (0 or MASKED) in the activations' dtype, None for plain causal attention."""
         rows, e = x.shape
         s = rows // batch
-        # The original computes attention in fp32 whatever the activations' dtype (it casts q, k, v): one cast
-        # of all three (a no-op in fp32), and autocast switched off. SDPA with the additive mask is the
-        # original's softmax(w*b - 1e10*(1-b)), w = q k^T / sqrt(d).
-        qkv = self.c_attn(x).float().view(batch, s, 3, self.n_head, e // self.n_head)
+        # SDPA with the additive mask is the original's softmax(w*b - 1e10*(1-b)), w = q k^T / sqrt(d). Ours: in
+        # the activations' dtype, bf16 in bf16 mode (the original cast q, k, v to fp32; it ran fp32 only).
+        qkv = self.c_attn(x).view(batch, s, 3, self.n_head, e // self.n_head)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [b, nh, s, d] each
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            if cache is not None:
-                cache[0].index_copy_(2, write_at, k)
-                cache[1].index_copy_(2, write_at, v)
-                if attend_cache:
-                    k, v = cache  # [b, nh, c, d]
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=bias is None)
+        if cache is not None:
+            cache[0].index_copy_(2, write_at, k)
+            cache[1].index_copy_(2, write_at, v)
+            if attend_cache:
+                k, v = cache  # [b, nh, c, d]
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=bias is None)
         return self.c_proj(a.transpose(1, 2).reshape(rows, e))  # [b*s, e]
 
 
@@ -275,9 +276,11 @@ class Model(nn.Module):
         h = (F.embedding(X, self.wte) + F.embedding(positions, self.wpe)).view(batch * sequence, hp.n_embd)
 
         # The KV cache: the one this call extends, or a new one for its keys and values and `room` more.
+        # The activations' dtype: attention's, the KV cache's and the mask's (bf16 mode: autocast's).
+        dtype = bf16.autocast_dtype(X.device.type) or self.wte.dtype
         cache = past
         if past is None and return_present:
-            cache = KVCache.empty(hp, batch, sequence + room, device=X.device)
+            cache = KVCache.empty(hp, batch, sequence + room, device=X.device, dtype=dtype)
         write_at = None
         if cache is not None:
             write_at = cache.length if sequence == 1 else cache.length + self._arange(sequence)  # [s]
@@ -295,7 +298,7 @@ class Model(nn.Module):
         elif real is not None:
             causal = self.causal[:sequence, :sequence] if sequence <= hp.n_ctx else attention_mask(sequence, sequence, device=X.device)
             visible = causal & real[:, None, None, :]  # [b, 1, s, s]
-        bias = None if visible is None else torch.where(visible, 0.0, MASKED)
+        bias = None if visible is None else torch.where(visible, 0.0, MASKED).to(dtype)
 
         # Transformer
         for layer, block in enumerate(self.h):
@@ -325,8 +328,9 @@ class Model(nn.Module):
             outputs = h.shape[1]
             h = h.float().contiguous().view(batch * outputs, hp.n_embd)
             if lm_logits:
-                # Language model logits: the output embedding is wte (tied), no bias.
-                results['lm_logits'] = F.linear(h, self.wte).view(batch, outputs, hp.n_vocab)
+                # Language model logits: the output embedding is wte (tied), no bias. (bf16 mode: TF32 or
+                # oneDNN's bf16 products, fp32 logits; bf16.py.)
+                results['lm_logits'] = bf16.vocab_logits(h, self.wte).view(batch, outputs, hp.n_vocab)
             for name, head in self.heads.items():
                 results[name] = head(h).view(batch, outputs)
         return results

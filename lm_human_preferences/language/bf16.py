@@ -1,0 +1,208 @@
+"""Ours: what the bf16 mode (`run.bf16`, bf16 autocast) runs differently from fp32, for speed. The original ran
+fp32 only; fp32 mode never reaches the code below (every function here returns its input unchanged when autocast
+is off), so its outputs stay bit-identical to the TF-parity-tested path.
+
+- Weights cast once: a weight's bf16 copy is made when the weight changes (an optimizer step, a load), not by
+  autocast in every forward and microbatch; the gradient still reaches the fp32 weight (`cast_once`).
+- Attention in bf16 (language/model.py keeps q, k, v, the mask and the KV cache in the activations' dtype).
+- The n_vocab projection and its backward at tensor-core speed with fp32 logits: fp32 matmuls in TF32 on CUDA,
+  in oneDNN's bf16 mode on a CPU that multiplies bf16 natively (`fast_fp32_matmuls`); bf16 logits would round
+  logits of size ~100 to steps of 0.5.
+- The policy's logprobs and entropies from the logits in one pass, a chunk of rows at a time, with no
+  [tokens, n_vocab] tensor written but the logits and their gradient (`logprobs_and_entropies`).
+"""
+
+import contextlib
+
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+
+def autocast_dtype(device_type):
+    """The dtype autocast runs matmuls in on this device type, or None where it is off (fp32 mode)."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
+def native_bf16_cpu():
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX). Elsewhere oneDNN emulates it, slower
+    than fp32. The probes are private torch APIs: without them, no."""
+    return any(getattr(torch.cpu, name, lambda: False)() for name in ('_is_avx512_bf16_supported',
+                                                                        '_is_amx_tile_supported'))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Weights cast once
+
+# weight -> (its version when cast, its copy in the autocast dtype). Weak and by identity: a model's copies go
+# with it.
+_casts = WeakIdKeyDictionary()
+
+
+class _CastGradient(torch.autograd.Function):
+    """Returns the copy; its gradient flows to the weight, in the weight's dtype (as autocast's cast does)."""
+
+    @staticmethod
+    def forward(ctx, weight, copy):
+        ctx.dtype = weight.dtype
+        return copy.view_as(copy)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.to(ctx.dtype), None
+
+
+def cast_once(weight):
+    """weight in autocast's dtype, from a copy made when the weight last changed: every in-place update (an
+    optimizer step, load_state_dict) bumps a tensor's version, and only then is it cast again. Autocast casts
+    a weight in every forward (it caches only within one autocast block, and only weights that require grad),
+    so a PPO step cast the policy's weights once per microbatch and the frozen models' once per forward."""
+    dtype = autocast_dtype(weight.device.type)
+    if dtype is None or weight.dtype == dtype:
+        return weight
+    version, copy = _casts.get(weight, (None, None))
+    if version != weight._version or copy.dtype != dtype:
+        with torch.no_grad():
+            copy = weight.to(dtype)
+        _casts[weight] = (weight._version, copy)
+    if weight.requires_grad and torch.is_grad_enabled():
+        return _CastGradient.apply(weight, copy)
+    return copy
+
+
+# ---------------------------------------------------------------------------------------------------
+# fp32 matmuls at tensor-core speed
+
+def _fp32_matmul_backend(device_type):
+    """(the torch.backends object whose fp32_precision applies, the faster precision), or None where there is
+    no faster one: CUDA's TF32 (10 mantissa bits, fp32 accumulation); on a CPU with native bf16, oneDNN's bf16
+    mode (fp32 in and out)."""
+    if device_type == 'cuda':
+        return torch.backends.cuda.matmul, 'tf32'
+    if device_type == 'cpu' and native_bf16_cpu() and hasattr(torch.backends.mkldnn, 'matmul'):
+        return torch.backends.mkldnn.matmul, 'bf16'
+    return None
+
+
+@contextlib.contextmanager
+def fast_fp32_matmuls(device_type):
+    """fp32 matmuls in the block run at the device's faster precision (none: unchanged)."""
+    backend = _fp32_matmul_backend(device_type)
+    if backend is None:
+        yield
+        return
+    matmul, fast = backend
+    if not hasattr(matmul, 'fp32_precision'):  # torch < 2.9: only CUDA's flag
+        with _tf32_flag(matmul, device_type):
+            yield
+        return
+    before = matmul.fp32_precision
+    matmul.fp32_precision = fast
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = before
+
+
+@contextlib.contextmanager
+def _tf32_flag(matmul, device_type):
+    if device_type != 'cuda':
+        yield
+        return
+    before = matmul.allow_tf32
+    matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        matmul.allow_tf32 = before
+
+
+class _FastLinear(torch.autograd.Function):
+    """F.linear(h, w) (no bias) with the forward's and both backward products in fast_fp32_matmuls: the
+    autograd engine runs a backward outside the caller's context manager, so the precision goes with the op."""
+
+    @staticmethod
+    def forward(ctx, h, w):
+        ctx.save_for_backward(h, w)
+        with torch.autocast(h.device.type, enabled=False), fast_fp32_matmuls(h.device.type):
+            return h @ w.t()
+
+    @staticmethod
+    def backward(ctx, grad):
+        h, w = ctx.saved_tensors
+        with torch.autocast(h.device.type, enabled=False), fast_fp32_matmuls(h.device.type):
+            grad_h = grad @ w if ctx.needs_input_grad[0] else None
+            grad_w = grad.t() @ h if ctx.needs_input_grad[1] else None
+        return grad_h, grad_w
+
+
+def vocab_logits(h, wte):
+    """The n_vocab projection h [n, e] @ wte.T, fp32 logits [n, n_vocab]: in fp32 mode exactly F.linear, in
+    bf16 mode at the device's fast fp32 precision."""
+    if autocast_dtype(h.device.type) is None:
+        return torch.nn.functional.linear(h, wte)
+    return _FastLinear.apply(h.float(), wte)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Logprobs and entropies in one pass over the logits
+
+# The logits of one chunk of rows, in bytes: a CPU's chunk stays in its cache through the passes over it; a
+# GPU's only bounds the temporaries (more, smaller chunks would cost more launches than they save).
+CHUNK_BYTES = dict(cpu=1 << 23, cuda=1 << 30)
+
+
+def _chunks(rows, n_vocab, device_type):
+    step = max(1, CHUNK_BYTES.get(device_type, 1 << 30) // (4 * n_vocab))
+    return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+class _LogprobsEntropies(torch.autograd.Function):
+    """(logprobs of labels, entropies) of the logits h @ w.T * beta, a chunk of rows at a time: the logits are
+    written once (kept for the backward), each chunk's passes (max, exp, sums) run on it while it is in cache,
+    and the backward writes d logits once, a chunk at a time, straight into the two products. The entropy has
+    no gradient (no loss of the original differentiates one)."""
+
+    @staticmethod
+    def forward(ctx, h, w, labels, beta):
+        rows, n_vocab = h.shape[0], w.shape[0]
+        logits = h.new_empty(rows, n_vocab)
+        lse = h.new_empty(rows)  # logsumexp of the scaled logits
+        logprobs, entropies = h.new_empty(rows), h.new_empty(rows)
+        with torch.autocast(h.device.type, enabled=False), fast_fp32_matmuls(h.device.type):
+            for r in _chunks(rows, n_vocab, h.device.type):
+                z = torch.mm(h[r], w.t(), out=logits[r])  # [c, n_vocab]
+                top = z.amax(dim=1, keepdim=True)
+                p = torch.sub(z, top).mul_(beta).exp_()  # exp(beta (z - max)), unnormalized
+                total = p.sum(dim=1)
+                lse[r] = top[:, 0] * beta + total.log()
+                # sum(p z) as a batch of dot products: no [c, n_vocab] temporary
+                pz = torch.bmm(p[:, None, :], z[:, :, None]).view(-1)
+                entropies[r] = lse[r] - beta * pz / total
+                logprobs[r] = beta * z.gather(1, labels[r, None])[:, 0] - lse[r]
+        ctx.save_for_backward(h, w, labels, logits, lse)
+        ctx.beta = beta
+        ctx.mark_non_differentiable(entropies)
+        return logprobs, entropies
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, _):
+        h, w, labels, logits, lse = ctx.saved_tensors
+        beta = ctx.beta
+        grad_h = torch.empty_like(h)
+        grad_w = torch.zeros_like(w)
+        with torch.autocast(h.device.type, enabled=False), fast_fp32_matmuls(h.device.type):
+            for r in _chunks(h.shape[0], w.shape[0], h.device.type):
+                # d logprob / d z = beta (one-hot(label) - softmax(beta z))
+                g = grad_logprobs[r, None] * beta  # [c, 1]
+                grad_z = torch.mul(logits[r], beta).sub_(lse[r, None]).exp_().mul_(-g)
+                grad_z.scatter_add_(1, labels[r, None], g)
+                torch.mm(grad_z, w, out=grad_h[r])
+                grad_w.addmm_(grad_z.t(), h[r])
+        return grad_h, grad_w, None, None
+
+
+def logprobs_and_entropies(h, wte, labels, temperature):
+    """The policy's logprobs of labels [n] and entropies [n] under the logits h [n, e] @ wte.T / temperature,
+    in bf16 mode: the fp32 logits from the fast projection, never divided, log-softmaxed or exponentiated as
+    whole [n, n_vocab] tensors (core.logprobs_and_entropies_from_logits, which fp32 mode keeps, writes each)."""
+    return _LogprobsEntropies.apply(h.float().contiguous(), wte, labels.long(), 1.0 / temperature)

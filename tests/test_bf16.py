@@ -141,13 +141,14 @@ def policy_and_tokens(n_vocab=300, rows=6, context=5, length=4, seed=0):
 @pytest.mark.parametrize('fast', [False, True])
 def test_logprobs_and_entropies_match_the_reference(monkeypatch, fast):
     """The one-pass kernel against the original's formulas (core.logprobs_from_logits, entropy_from_logits) on
-    the same hidden states, in chunks of 3 rows; with fp32 products the same to fp32 rounding, with the fast
+    the same hidden states, in products of 7 rows and passes of 3; with fp32 products the same to fp32 rounding, with the fast
     products (where this CPU has them) to their rounding."""
     if fast and bf16._fp32_matmul_backend('cpu') is None:
         pytest.skip('this CPU has no native bf16 (AVX512-BF16 or AMX)')
     if not fast:
         monkeypatch.setattr(bf16, '_fp32_matmul_backend', lambda device_type: None)
-    monkeypatch.setitem(bf16.CHUNK_BYTES, 'cpu', 3 * 4 * 300)
+    monkeypatch.setitem(bf16.PRODUCT_BYTES, 'cpu', 7 * 4 * 300)
+    monkeypatch.setitem(bf16.PASS_BYTES, 'cpu', 3 * 4 * 300)
     torch.manual_seed(0)
     h = torch.randn(20, 32, dtype=torch.float64)
     w = torch.randn(300, 32, dtype=torch.float64)
@@ -178,11 +179,13 @@ def test_the_policys_logits_are_written_once():
         return [op for op in ops.ops if op[0] not in ('empty', 'empty_strided', 'zeros', 'new_empty')
                 and any(len(s) and s[-1] == n_vocab and torch.Size(s).numel() >= tokens * n_vocab for _, s in op[1])]
     with Ops() as ops, bf16_autocast(), pytest.MonkeyPatch.context() as mp:
-        mp.setitem(bf16.CHUNK_BYTES, 'cpu', 5 * 4 * n_vocab)
+        mp.setitem(bf16.PRODUCT_BYTES, 'cpu', 20 * 4 * n_vocab)
+        mp.setitem(bf16.PASS_BYTES, 'cpu', 5 * 4 * n_vocab)
         out = policy.analyze_responses(queries, responses)
         out['logprobs'].sum().backward()
     assert full_size_writes(ops) == []
-    assert len([op for op in ops.ops if op[0] == 'mm' and op[1][0][1] == (5, n_vocab)]) >= tokens // 5  # chunked
+    assert len([op for op in ops.ops if op[0] == 'mm' and op[1][0][1] == (20, n_vocab)]) >= tokens // 20  # chunked
+    assert len([op for op in ops.ops if op[0] == 'amax' and op[2][0][1] == (5, n_vocab)]) >= tokens // 5
     with Ops() as ops:
         out = policy.analyze_responses(queries, responses)
         out['logprobs'].sum().backward()

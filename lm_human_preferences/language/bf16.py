@@ -146,39 +146,44 @@ def vocab_logits(h, wte):
 # ---------------------------------------------------------------------------------------------------
 # Logprobs and entropies in one pass over the logits
 
-# The logits of one chunk of rows, in bytes: a CPU's chunk stays in its cache through the passes over it; a
-# GPU's only bounds the temporaries (more, smaller chunks would cost more launches than they save).
-CHUNK_BYTES = dict(cpu=1 << 23, cuda=1 << 30)
+# Rows per product and rows per pass, as bytes of their fp32 logits. A product of many rows: on a CPU oneDNN's
+# bf16 mode converts the whole embedding for every product. Passes (max, exp, sums) of few rows on a CPU, whose
+# chunk then stays in its cache through them; on a GPU the product's rows (more, smaller chunks would cost more
+# launches than they save).
+PRODUCT_BYTES = dict(cpu=1 << 28, cuda=1 << 30)
+PASS_BYTES = dict(cpu=1 << 23)
 
 
-def _chunks(rows, n_vocab, device_type):
-    step = max(1, CHUNK_BYTES.get(device_type, 1 << 30) // (4 * n_vocab))
-    return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
+def _chunks(rows, n_vocab, chunk_bytes, device_type, start=0):
+    step = max(1, chunk_bytes.get(device_type, PRODUCT_BYTES['cuda']) // (4 * n_vocab))
+    return [slice(i, min(i + step, rows)) for i in range(start, rows, step)]
 
 
 class _LogprobsEntropies(torch.autograd.Function):
-    """(logprobs of labels, entropies) of the logits h @ w.T * beta, a chunk of rows at a time: the logits are
-    written once (kept for the backward), each chunk's passes (max, exp, sums) run on it while it is in cache,
-    and the backward writes d logits once, a chunk at a time, straight into the two products. The entropy has
-    no gradient (no loss of the original differentiates one)."""
+    """(logprobs of labels, entropies) of the logits h @ w.T * beta: the logits are written once (kept for the
+    backward), a product of many rows at a time; each pass over them (max, exp, sums) runs on a few rows while they
+    are in cache; the backward writes d logits once, a pass's rows at a time, and multiplies it into d h and d w a
+    product's rows at a time. The entropy has no gradient (no loss of the original differentiates one)."""
 
     @staticmethod
     def forward(ctx, h, w, labels, beta):
-        rows, n_vocab = h.shape[0], w.shape[0]
+        rows, n_vocab, device = h.shape[0], w.shape[0], h.device.type
         logits = h.new_empty(rows, n_vocab)
         lse = h.new_empty(rows)  # logsumexp of the scaled logits
         logprobs, entropies = h.new_empty(rows), h.new_empty(rows)
-        with torch.autocast(h.device.type, enabled=False), fast_fp32_matmuls(h.device.type):
-            for r in _chunks(rows, n_vocab, h.device.type):
-                z = torch.mm(h[r], w.t(), out=logits[r])  # [c, n_vocab]
-                top = z.amax(dim=1, keepdim=True)
-                p = torch.sub(z, top).mul_(beta).exp_()  # exp(beta (z - max)), unnormalized
-                total = p.sum(dim=1)
-                lse[r] = top[:, 0] * beta + total.log()
-                # sum(p z) as a batch of dot products: no [c, n_vocab] temporary
-                pz = torch.bmm(p[:, None, :], z[:, :, None]).view(-1)
-                entropies[r] = lse[r] - beta * pz / total
-                logprobs[r] = beta * z.gather(1, labels[r, None])[:, 0] - lse[r]
+        with torch.autocast(device, enabled=False), fast_fp32_matmuls(device):
+            for product in _chunks(rows, n_vocab, PRODUCT_BYTES, device):
+                torch.mm(h[product], w.t(), out=logits[product])
+                for r in _chunks(product.stop, n_vocab, PASS_BYTES, device, start=product.start):
+                    z = logits[r]  # [c, n_vocab]
+                    top = z.amax(dim=1, keepdim=True)
+                    p = torch.sub(z, top).mul_(beta).exp_()  # exp(beta (z - max)), unnormalized
+                    total = p.sum(dim=1)
+                    lse[r] = top[:, 0] * beta + total.log()
+                    # sum(p z) as a batch of dot products: no [c, n_vocab] temporary
+                    pz = torch.bmm(p[:, None, :], z[:, :, None]).view(-1)
+                    entropies[r] = lse[r] - beta * pz / total
+                    logprobs[r] = beta * z.gather(1, labels[r, None])[:, 0] - lse[r]
         ctx.save_for_backward(h, w, labels, logits, lse)
         ctx.beta = beta
         ctx.mark_non_differentiable(entropies)
@@ -187,17 +192,23 @@ class _LogprobsEntropies(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logprobs, _):
         h, w, labels, logits, lse = ctx.saved_tensors
-        beta = ctx.beta
+        beta, device, n_vocab = ctx.beta, h.device.type, w.shape[0]
         grad_h = torch.empty_like(h)
         grad_w = torch.zeros_like(w)
-        with torch.autocast(h.device.type, enabled=False), fast_fp32_matmuls(h.device.type):
-            for r in _chunks(h.shape[0], w.shape[0], h.device.type):
-                # d logprob / d z = beta (one-hot(label) - softmax(beta z))
-                g = grad_logprobs[r, None] * beta  # [c, 1]
-                grad_z = torch.mul(logits[r], beta).sub_(lse[r, None]).exp_().mul_(-g)
-                grad_z.scatter_add_(1, labels[r, None], g)
-                torch.mm(grad_z, w, out=grad_h[r])
-                grad_w.addmm_(grad_z.t(), h[r])
+        products = _chunks(h.shape[0], n_vocab, PRODUCT_BYTES, device)
+        grad_z = logits.new_empty(products[0].stop - products[0].start, n_vocab)
+        with torch.autocast(device, enabled=False), fast_fp32_matmuls(device):
+            for product in products:
+                for r in _chunks(product.stop, n_vocab, PASS_BYTES, device, start=product.start):
+                    # d logprob / d z = beta (one-hot(label) - softmax(beta z))
+                    g = grad_logprobs[r, None] * beta  # [c, 1]
+                    out = grad_z[r.start - product.start:r.stop - product.start]
+                    torch.mul(logits[r], beta, out=out).sub_(lse[r, None]).exp_().mul_(-g)
+                    out.scatter_add_(1, labels[r, None], g)
+                    del out
+                rows = grad_z[:product.stop - product.start]
+                torch.mm(rows, w, out=grad_h[product])
+                grad_w.addmm_(rows.t(), h[product])
         return grad_h, grad_w, None, None
 
 

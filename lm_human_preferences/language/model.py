@@ -260,45 +260,17 @@ class Model(nn.Module):
         batch, sequence = X.shape
         if past is not None and len(past.keys) != hp.n_layer:
             raise ValueError(f'past has {len(past.keys)} layers, the model has {hp.n_layer}')
-
-        # Padding: pads are embedded as token 0, masked out as attention keys, do not count as
-        # positions, and take the final hidden state of the last real token before them.
-        real = None  # [b, s] True for real tokens
-        if padding_token is not None:
-            real = X != padding_token
-            X = X * real
-        # exclusive cumulative count of real tokens (after the cache's, if any)
-        positions = self._arange(sequence) if real is None else torch.cumsum(real, dim=1) - real.long()  # [s] or [b, s]
-        if past is not None:
-            positions = past.n_real[:, None] + positions  # [b, s]
+        X, real, positions = self._pads_and_positions(X, past, padding_token)  # real: [b, s] or None (no pads)
         if check_inputs:
             self._check_inputs(past, real, positions, sequence, padding_token)
         h = (F.embedding(X, self.wte) + F.embedding(positions, self.wpe)).view(batch * sequence, hp.n_embd)
 
-        # The KV cache: the one this call extends, or a new one for its keys and values and `room` more.
-        # The activations' dtype: attention's, the KV cache's and the mask's (bf16 mode: autocast's).
+        # Attention, the KV cache and the mask in the activations' dtype (bf16 mode: autocast's).
         dtype = bf16.autocast_dtype(X.device.type) or self.wte.dtype
-        cache = past
-        if past is None and return_present:
-            cache = KVCache.empty(hp, batch, sequence + room, device=X.device, dtype=dtype)
-        write_at = None
-        if cache is not None:
-            write_at = cache.length if sequence == 1 else cache.length + self._arange(sequence)  # [s]
-            cache.real.index_copy_(1, write_at, torch.ones_like(X, dtype=torch.bool) if real is None else real)
-            cache.n_real += sequence if real is None else real.sum(dim=1)
-
-        # Attention mask, additive [b, 1, s, keys], made once for every layer: causal, and pads are never
-        # attended to. Extending a cache, the keys are all its positions, of which the unwritten ones are not
-        # real; then a single new token may see every real one. Without pads and cache, SDPA's is_causal.
-        visible = None
-        if past is not None:
-            visible = past.real[:, None, None, :]  # [b, 1, 1, c]
-            if sequence > 1:
-                visible = visible & (self._arange(past.capacity) <= write_at[:, None])  # [b, 1, s, c]
-        elif real is not None:
-            causal = self.causal[:sequence, :sequence] if sequence <= hp.n_ctx else attention_mask(sequence, sequence, device=X.device)
-            visible = causal & real[:, None, None, :]  # [b, 1, s, s]
-        bias = None if visible is None else torch.where(visible, 0.0, MASKED).to(dtype)
+        cache = past if past is not None or not return_present else \
+            KVCache.empty(hp, batch, sequence + room, device=X.device, dtype=dtype)
+        write_at = None if cache is None else self._extend(cache, real, sequence)  # [s]
+        bias = self._attention_bias(past, real, write_at, sequence, dtype)  # [b, 1, s, keys] or None
 
         # Transformer
         for layer, block in enumerate(self.h):
@@ -309,28 +281,73 @@ class Model(nn.Module):
             cache.length += sequence  # after the layers: write_at may be cache.length itself
             results['present'] = cache
 
-        h = self.ln_f(h).view(batch, sequence, hp.n_embd)
-        if real is not None and sequence > 1:
-            # For non-present tokens, use the output from the last present token instead (only at the
-            # positions read). A single new token has no earlier one in this call: it is its own.
-            last_real = torch.cummax(real * self._arange(sequence), dim=1).values[:, output_positions]  # [b, o]
-            h = h.gather(1, last_real[:, :, None].expand(-1, -1, hp.n_embd))
-        else:
-            h = h[:, output_positions]
+        h = self._final_hidden(self.ln_f(h).view(batch, sequence, hp.n_embd), real, output_positions)
         results['h'] = h  # [b, o, e]
+        results.update(self._outputs(h, lm_logits))
+        return results
 
-        # Output layer and heads in fp32 even under bf16 autocast: bf16 would round logits of size ~100
-        # to steps of 0.5.
+    def _pads_and_positions(self, X, past, padding_token):
+        """Padding: pads are embedded as token 0, masked out as attention keys, do not count as positions, and
+        take the final hidden state of the last real token before them. Returns (X with pads as 0, real [b, s]
+        or None without a padding token, the position ids: [s] or [b, s])."""
+        real = None
+        if padding_token is not None:
+            real = X != padding_token
+            X = X * real
+        # exclusive cumulative count of real tokens (after the cache's, if any)
+        positions = self._arange(X.shape[1]) if real is None else torch.cumsum(real, dim=1) - real.long()
+        if past is not None:
+            positions = past.n_real[:, None] + positions  # [b, s]
+        return X, real, positions
+
+    def _extend(self, cache, real, sequence):
+        """Record this call's tokens in the cache's bookkeeping; returns the positions write_at [s] where their
+        keys and values go."""
+        write_at = cache.length if sequence == 1 else cache.length + self._arange(sequence)
+        cache.real.index_copy_(1, write_at, torch.ones_like(cache.real[:, :sequence]) if real is None else real)
+        cache.n_real += sequence if real is None else real.sum(dim=1)
+        return write_at
+
+    def _attention_bias(self, past, real, write_at, sequence, dtype):
+        """The additive mask [b, 1, s, keys] (0 or MASKED), made once for every layer: causal, and pads are never
+        attended to. Extending a cache, the keys are all its positions, of which the unwritten ones are not real;
+        then a single new token may see every real one. Without pads and cache: None (SDPA's is_causal)."""
+        visible = None
+        if past is not None:
+            visible = past.real[:, None, None, :]  # [b, 1, 1, c]
+            if sequence > 1:
+                visible = visible & (self._arange(past.capacity) <= write_at[:, None])  # [b, 1, s, c]
+        elif real is not None:
+            n_ctx = self.hparams.n_ctx
+            causal = self.causal[:sequence, :sequence] if sequence <= n_ctx else \
+                attention_mask(sequence, sequence, device=real.device)
+            visible = causal & real[:, None, None, :]  # [b, 1, s, s]
+        return None if visible is None else torch.where(visible, 0.0, MASKED).to(dtype)
+
+    def _final_hidden(self, h, real, output_positions):
+        """h [b, s, e] at output_positions [b, o, e]: for non-present tokens, the output from the last present
+        token instead (only at the positions read). A single new token has no earlier one in this call: it is its
+        own."""
+        sequence = h.shape[1]
+        if real is None or sequence == 1:
+            return h[:, output_positions]
+        last_real = torch.cummax(real * self._arange(sequence), dim=1).values[:, output_positions]  # [b, o]
+        return h.gather(1, last_real[:, :, None].expand(-1, -1, h.shape[2]))
+
+    def _outputs(self, h, lm_logits):
+        """The logits [b, o, n_vocab] and each head's [b, o], in fp32 even under bf16 autocast: bf16 would round
+        logits of size ~100 to steps of 0.5."""
+        results = {}
+        batch, outputs, e = h.shape
         with torch.autocast(device_type=h.device.type, enabled=False):
             # Only the positions the caller uses: the original computed the logits everywhere and sliced
             # them afterwards (same numbers), but the n_vocab projection is a large share of the FLOPs.
             # contiguous(): a matmul on a strided slice falls back to a batched matmul, 1.5-3.5x slower on CPU.
-            outputs = h.shape[1]
-            h = h.float().contiguous().view(batch * outputs, hp.n_embd)
+            h = h.float().contiguous().view(batch * outputs, e)
             if lm_logits:
                 # Language model logits: the output embedding is wte (tied), no bias. (bf16 mode: TF32 or
                 # oneDNN's bf16 products, fp32 logits; bf16.py.)
-                results['lm_logits'] = bf16.vocab_logits(h, self.wte).view(batch, outputs, hp.n_vocab)
+                results['lm_logits'] = bf16.vocab_logits(h, self.wte).view(batch, outputs, self.hparams.n_vocab)
             for name, head in self.heads.items():
                 results[name] = head(h).view(batch, outputs)
         return results

@@ -58,29 +58,10 @@ def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_
 
     beta = 1 / max(temperature, 1e-10)
 
-    # First step: the whole context.
+    # First step: the whole context, whose last position samples the first token; then the loop's variables.
     context_output = step(model_hparams, context)
-    logits = context_output['logits'][:, -1].float()  # [b, n_vocab]
-
-    # As the original, top_k / top_p are not applied to the first sampled token.
-    first_output_logits = beta * logits
-    # Ours: nothing in the loop reads a value on the host, so the device never waits for it; whether
-    # every row had a finite logit at every step is checked once, after the loop.
-    first_outputs, has_finite = utils.sample_from_logits_unchecked(first_output_logits, uniform=uniforms[:, 0])  # [b]
-    first_logprobs = utils.logprobs_from_logits(logits=first_output_logits, labels=first_outputs)  # [b]
-
-    # The loop's variables (the original's while_loop variables), of fixed shapes and written in place:
-    # the original concatenated onto them every step. `index` is the token sampled next, a tensor so that
-    # one step (and one captured graph) serves every index.
-    responses = first_outputs.new_empty(batch_size, length)
-    responses[:, 0] = first_outputs
-    logprobs = first_logprobs.new_empty(batch_size, length)
-    logprobs[:, 0] = first_logprobs
-    extras = {}
-    for k in extra_outputs:
-        extras[k] = context_output[k].new_empty(batch_size, length)
-        extras[k][:, 0] = context_output[k][:, -1]
-    prev = first_outputs[:, None].clone()  # [b, 1]
+    responses, logprobs, extras, has_finite = _first_token(context_output, uniforms, beta, length, extra_outputs)
+    prev = responses[:, :1].clone()  # [b, 1]
     past = context_output['presents']
     index = torch.ones(1, dtype=torch.long, device=context.device)
 
@@ -110,6 +91,27 @@ def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_
 
     utils.check_rows_have_finite_logits(has_finite)
     return dict(tokens=torch.cat([context, responses], dim=1), presents=past, logprobs=logprobs, **extras)
+
+
+def _first_token(context_output, uniforms, beta, length, extra_outputs):
+    """The first sampled token from the context's last logits, and the loop's variables (the original's
+    while_loop variables) with it in column 0: responses and logprobs [b, length], one [b, length] per extra
+    output, and has_finite [b]. They have fixed shapes and are written in place (the original concatenated onto
+    them every step)."""
+    logits = beta * context_output['logits'][:, -1].float()  # [b, n_vocab]
+    # As the original, top_k / top_p are not applied to the first sampled token.
+    # Ours: nothing in the loop reads a value on the host, so the device never waits for it; whether
+    # every row had a finite logit at every step is checked once, after the loop.
+    first, has_finite = utils.sample_from_logits_unchecked(logits, uniform=uniforms[:, 0])  # [b]
+    responses = first.new_empty(len(first), length)
+    responses[:, 0] = first
+    logprobs = logits.new_empty(len(first), length)
+    logprobs[:, 0] = utils.logprobs_from_logits(logits=logits, labels=first)
+    extras = {}
+    for k in extra_outputs:
+        extras[k] = context_output[k].new_empty(len(first), length)
+        extras[k][:, 0] = context_output[k][:, -1]
+    return responses, logprobs, extras, has_finite
 
 
 def _run_eagerly(body, steps):

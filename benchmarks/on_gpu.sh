@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The runs behind the README's "On a GPU" section, one stage per command so that each fits a short slot:
 #   bash benchmarks/on_gpu.sh STAGE OUTDIR
-# STAGE: env | tests | same_numbers | throughput | memory | timing [BEFORE_REPO]
+# STAGE: env | tests | same_numbers | throughput | memory | timing [BEFORE_REPO] | profile | bf16_error
 # Each stage writes its log and JSON into OUTDIR, named after the GPU (e.g. ppo_throughput_h100.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,5 +49,15 @@ case $stage in
         && python3 -c "import json,sys; print(json.dumps(json.load(open(sys.argv[1]))))" "$out/t.json" >> "$out/train_timing_$gpu.jsonl"
       tail -1 "$out/train_timing_$gpu.log"
     done; rm -f "$out/t.json";;
+  profile)
+    # One update of books and of tldr (124M, bf16) under torch.profiler: where the time goes, kernel by kernel.
+    for exp in sentiment tldr; do
+      python3 benchmarks/train_timing.py --exp $exp --model 124M --updates 4 --profile 3 > "$out/profile_${exp}_$gpu.txt" 2>&1
+      grep -A3 '^profiled update' "$out/profile_${exp}_$gpu.txt"
+    done;;
+  bf16_error)
+    # bf16 mode against fp32 mode on the same rollouts: |delta logprob| per token and the controller's KL,
+    # with this GPU's TF32 n_vocab products (the CPU measures TF32 only emulated).
+    python3 benchmarks/bf16_error.py --json "$out/bf16_error_$gpu.json" 2>&1 | tee "$out/bf16_error_$gpu.log";;
   *) echo "unknown stage $stage"; exit 2;;
 esac

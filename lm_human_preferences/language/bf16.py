@@ -180,8 +180,7 @@ class _LogprobsEntropies(torch.autograd.Function):
                     p = torch.sub(z, top).mul_(beta).exp_()  # exp(beta (z - max)), unnormalized
                     total = p.sum(dim=1)
                     lse[r] = top[:, 0] * beta + total.log()
-                    # sum(p z) as a batch of dot products: no [c, n_vocab] temporary
-                    pz = torch.bmm(p[:, None, :], z[:, :, None]).view(-1)
+                    pz = p.mul_(z).sum(dim=1)  # in place: p is not needed again
                     entropies[r] = lse[r] - beta * pz / total
                     logprobs[r] = beta * z.gather(1, labels[r, None])[:, 0] - lse[r]
         ctx.save_for_backward(h, w, labels, logits, lse)

@@ -79,7 +79,7 @@ demo_task = combos(
 )
 
 # Ours: the paper's experiments run their 8 ranks side by side in each process (utils/ranks.py), so one pass
-# holds 8 ranks' sequences: 'auto' splits the passes to the device's free memory (utils/memory.py).
+# holds 8 ranks' sequences: 'auto' splits the passes to the device's free memory (training/memory.py).
 PAPER_MICROBATCH_SIZE = 'auto'
 
 

@@ -35,7 +35,8 @@ from lm_human_preferences.demo import commands as offline
 from lm_human_preferences.language import checkpoints, hf_export, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import hyperparams, launch, plots
+from lm_human_preferences.utils import hyperparams, launch
+from lm_human_preferences.training import plots
 
 
 def sample_policy(save_dir=None, savescope='policy', temperature=1.0, seed=None, batch_size=4, nsamples=0):

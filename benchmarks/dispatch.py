@@ -278,7 +278,7 @@ def advised_microbatch_size(shape, gib=24):
     124M at this shape in bf16 (the CUDA default), with half a GB of it taken by the CUDA context (None: no
     split); None where the code predates the memory model."""
     try:
-        from lm_human_preferences.utils import memory
+        from lm_human_preferences.training import memory
     except ImportError:
         return None
     from lm_human_preferences import train_policy

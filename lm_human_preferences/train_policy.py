@@ -27,10 +27,11 @@ from lm_human_preferences import lm_tasks, train_reward
 from lm_human_preferences.language import sample, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import TrainedRewardModel
-from lm_human_preferences.utils import checkpointing
+from lm_human_preferences.training import checkpointing
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import hyperparams, memory, ranks
-from lm_human_preferences.utils.run import Progress, Run
+from lm_human_preferences.utils import hyperparams, ranks
+from lm_human_preferences.training import memory
+from lm_human_preferences.training.run import Progress, Run
 
 
 @dataclass
@@ -602,13 +603,13 @@ def make_score_fn(hparams, score_model, microbatch_size=None):
     return score_fn
 
 
-# Ours: the models a policy run holds, for utils/memory.py: the policy, its reference and the reward model
+# Ours: the models a policy run holds, for training/memory.py: the policy, its reference and the reward model
 # resident; the policy trained (its gradients and Adam's moments).
 MEMORY_MODELS = dict(resident=3, trained=1)
 
 
 def memory_passes(hparams: HParams):
-    """Ours: the model passes of this process, for utils/memory.py: sampling, the forwards that score and take
+    """Ours: the model passes of this process, for training/memory.py: sampling, the forwards that score and take
     logprobs, and the PPO loss; the ranks side by side, the batch shared by the processes."""
     rollout = utils.ceil_div(hparams.ppo.batch_size, ranks.num_processes())
     tokens, responses = hparams.task.query_length + hparams.task.response_length, hparams.task.response_length
@@ -623,7 +624,7 @@ def train(hparams: HParams):
     # swapped in a random 'test' reward model); we always load the one just trained.
     chain_reward_model(hparams)
 
-    # Ours: the save dir (locked; a dir holding another run is refused), its files and stats (utils/run.py).
+    # Ours: the save dir (locked; a dir holding another run is refused), its files and stats (training/run.py).
     with Run(hparams, 'train_policy') as run:
         if hparams.rewards.train_new_model:
             train_reward.train(hparams.rewards.train_new_model)
@@ -682,11 +683,11 @@ def train(hparams: HParams):
 
         def save():
             """The model checkpoint (as the original) and ours, the training state for resuming (policy,
-            Adam, step, KL coefficient, query position, every rank's RNGs; see utils/run.py)."""
+            Adam, step, KL coefficient, query position, every rank's RNGs; see training/run.py)."""
             run.save(ppo_trainer.global_step, extra=dict(kl_coef=ppo_trainer.kl_ctl.value),
                      done=ppo_trainer.global_step == nupdates(hparams))
 
-        # Ours: the original's `finally: save()`, Ctrl-C, the learning curves and a summary (utils/run.py).
+        # Ours: the original's `finally: save()`, Ctrl-C, the learning curves and a summary (training/run.py).
         with run.training(step=lambda: ppo_trainer.global_step, save=save):
             while ppo_trainer.global_step < nupdates(hparams):
                 ppo_trainer.step()

@@ -18,10 +18,11 @@ import torch
 from lm_human_preferences import label_types, lm_tasks, rewards
 from lm_human_preferences.language import sample, trained_models
 from lm_human_preferences.policy import Policy
-from lm_human_preferences.utils import checkpointing
+from lm_human_preferences.training import checkpointing
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import gcs, hyperparams, memory, ranks
-from lm_human_preferences.utils.run import Progress, Run
+from lm_human_preferences.utils import gcs, hyperparams, ranks
+from lm_human_preferences.training import memory
+from lm_human_preferences.training.run import Progress, Run
 
 
 @dataclass
@@ -48,7 +49,7 @@ class RunHParams(hyperparams.HParams):
     keep_checkpoints: int = 20
     # Ours: at most this many sequences in any forward or backward pass of a model (sampling, logprobs,
     # scoring, the PPO and reward-model losses, evaluation), to fit memory; None: no split; 'auto': the
-    # largest that fits the device's free memory (utils/memory.py). Results are the same up to fp32
+    # largest that fits the device's free memory (training/memory.py). Results are the same up to fp32
     # rounding (the sampled tokens too): only memory and speed change.
     microbatch_size: Optional[Union[int, Literal['auto']]] = None
     # Ours: on CUDA, capture one decoding step as a CUDA graph and replay it for every later token
@@ -566,7 +567,7 @@ class RewardModelTrainer():
 
     def save(self, *, done=True):
         """The only place that saves; collective. Ours: the training state for resuming (model, Adam, step,
-        label order, query position, RNGs; see utils/run.py) every save_interval batches, and when done
+        label order, query position, RNGs; see training/run.py) every save_interval batches, and when done
         (at the end, as the original) also <save_dir>/reward_model/checkpoints/model-<global_step>.safetensors
         (model, reward head, reward_norm gain/bias) with its hparams.json and encoding."""
         self.run.save(self.global_step, extra=dict(train_indices=self.train_indices, results=self.results),
@@ -590,7 +591,7 @@ class RewardModelTrainer():
 
 
 def memory_passes(hparams: HParams):
-    """Ours: the model passes of this process, for utils/memory.py: the loss (one pass per sample of each of
+    """Ours: the model passes of this process, for training/memory.py: the loss (one pass per sample of each of
     its labels, kept until the backward pass), the held-out evaluation, and the normalization's sampling and
     scoring; the ranks side by side, the batches shared by the processes."""
     processes = ranks.num_processes()
@@ -607,7 +608,7 @@ def memory_passes(hparams: HParams):
 def train(hparams: HParams):
     """Train a reward model; returns RewardModelTrainer.train()'s results (ours; the original: None).
     Ours: rerun with the same hparams and save dir, it resumes from the last training state there."""
-    # Ours: the save dir (locked; a dir holding another run is refused), its files and stats (utils/run.py).
+    # Ours: the save dir (locked; a dir holding another run is refused), its files and stats (training/run.py).
     with Run(hparams, 'train_reward') as run:
         utils.set_mpi_seed(hparams.run.seed)
 

@@ -28,7 +28,8 @@ import torch
 
 from lm_human_preferences import rewards
 from lm_human_preferences.language import checkpoints, trained_models
-from lm_human_preferences.utils import checkpointing, core
+from lm_human_preferences.utils import core
+from lm_human_preferences.training import checkpointing
 from test_resume import NAME, TEST_TASK, finish, last_line, launch_cli, run_in_process, write_labels
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite only (the fast tier is -m "not slow")
@@ -206,7 +207,7 @@ def cases(tmp):
 # Run as `python launch.py ...` subprocesses (exit code and stderr of a real process); the others run
 # launch.py's main in this process (the same code from the argv on, without an interpreter start each).
 SUBPROCESS_CASES = {'malformed_label_json', 'other_hparams_in_save_dir', 'non_finite_loss', 'full_disk_during_save'}
-# The save dir's lock file records who holds it (utils/run.py): every launch rewrites it.
+# The save dir's lock file records who holds it (training/run.py): every launch rewrites it.
 REWRITTEN = {f'{NAME}/.lock'}
 
 

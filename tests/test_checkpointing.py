@@ -1,4 +1,4 @@
-"""Tests for utils/checkpointing.py: training-state round trip (modules, Adam, RNGs, sampler position),
+"""Tests for training/checkpointing.py: training-state round trip (modules, Adam, RNGs, sampler position),
 keep-last-K, corruption fallback, full-disk saves, hparams compatibility, pickle refusal, non-finite
 checks, and the gather / per-rank restore of every rank's random streams (2 processes carrying 4 ranks)."""
 import errno
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from lm_human_preferences.utils import checkpointing as ckpt
+from lm_human_preferences.training import checkpointing as ckpt
 from lm_human_preferences.utils import core, files, hyperparams, launch, ranks
 
 

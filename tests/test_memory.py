@@ -1,4 +1,4 @@
-"""run.microbatch_size 'auto' (utils/memory.py): the largest pass that the memory model fits in the free memory,
+"""run.microbatch_size 'auto' (training/memory.py): the largest pass that the memory model fits in the free memory,
 and the trainers running with it."""
 import functools
 import json
@@ -8,7 +8,8 @@ import torch
 
 from lm_human_preferences import train_policy
 from lm_human_preferences.language import model
-from lm_human_preferences.utils import launch, memory, ranks
+from lm_human_preferences.utils import launch, ranks
+from lm_human_preferences.training import memory
 
 GPT2 = model.HParams(n_vocab=50257, n_ctx=1024, n_embd=768, n_head=12, n_layer=12)
 BOOKS = [memory.Pass('sample', 512, 88, 1), memory.Pass('forward', 512, 88, 24), memory.Pass('train', 512, 88, 24)]

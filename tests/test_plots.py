@@ -1,4 +1,4 @@
-"""Learning-curve plots (utils/plots.py) from the trainers' stats JSONL files."""
+"""Learning-curve plots (training/plots.py) from the trainers' stats JSONL files."""
 import json
 import subprocess
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lm_human_preferences.utils import plots
+from lm_human_preferences.training import plots
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import load_file
 
 from lm_human_preferences.language import checkpoints, encodings, model
-from lm_human_preferences.utils import checkpointing
+from lm_human_preferences.training import checkpointing
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))

@@ -1,4 +1,4 @@
-"""The run lifecycle both trainers share (utils/run.py): the save dir's lock, stale temporaries, the stats
+"""The run lifecycle both trainers share (training/run.py): the save dir's lock, stale temporaries, the stats
 sinks' rewind rule, pruned checkpoints and training states that refer to them, nothing non-finite saved,
 a read-only save dir, the console (progress, summary, Ctrl-C), workers that die with their launcher."""
 import json
@@ -15,7 +15,8 @@ import torch
 
 from lm_human_preferences import train_policy, train_reward
 from lm_human_preferences.language import checkpoints
-from lm_human_preferences.utils import checkpointing, run
+from lm_human_preferences.training import checkpointing, run
+from lm_human_preferences.utils import extras
 from test_resume import env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +42,7 @@ def jsonl_steps(path):
 LOCK_HOLDER = """
 import sys, time
 sys.path.insert(0, {repo!r})
-from lm_human_preferences.utils import run
+from lm_human_preferences.training import run
 with run._locked({save_dir!r}):
     print('locked', flush=True)
     time.sleep(60)
@@ -287,7 +288,7 @@ def test_wandb_problems_are_one_line_at_launch(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv('WANDB_API_KEY', 'x' * 40)
     monkeypatch.setenv('WANDB_BASE_URL', 'http://127.0.0.1:9')  # the discard port: nothing listens
     with pytest.raises(ValueError, match=r'the W&B server http://127.0.0.1:9 cannot be reached'):
-        run.check_wandb('x')
+        extras.check_wandb('x')
     assert not (tmp_path / 'x').exists()
 
 

@@ -45,8 +45,9 @@ from lm_human_preferences import label_types, lm_tasks, rewards, train_policy as
 from lm_human_preferences.language import checkpoints, encodings, model, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import files, memory, plots
-from lm_human_preferences.utils.run import Progress
+from lm_human_preferences.utils import files
+from lm_human_preferences.training import memory, plots
+from lm_human_preferences.training.run import Progress
 
 # Samples per policy shown in the report.
 REPORT_EXAMPLES = 5
@@ -549,7 +550,7 @@ def _cpu_threads(exp: OfflineExperiment):
 
 
 def score_panel(exp: OfflineExperiment, report):
-    """A learning-curve panel (utils/plots.py) of the labeler's score of samples before and after PPO."""
+    """A learning-curve panel (training/plots.py) of the labeler's score of samples before and after PPO."""
     key = exp.labeler.name
     def draw(ax):
         stats = [(report[f'{key}_{when}_mean'], report[f'{key}_{when}_std']) for when in ('initial', 'trained')]

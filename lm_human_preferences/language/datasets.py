@@ -193,7 +193,7 @@ def cut_query(tokens, *, sequence_length, start_token, end_token, padding_token)
 class RankShards:
     """The query streams of the ranks this process carries: next_batch and next() read the stream of the
     rank whose section is running (core.get_rank()); a process carrying one rank may call them anywhere.
-    fingerprint: what identifies the queries (a run records it: utils/run.py)."""
+    fingerprint: what identifies the queries (a run records it: training/run.py)."""
 
     def __init__(self, shards, *, fingerprint):
         self.shards = shards

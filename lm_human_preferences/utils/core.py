@@ -838,7 +838,7 @@ def _to_float(v):
 def record_stats(*, stats, summary_writer, step, log_interval):
     """Log stats (dict of name -> scalar, already averaged over ranks) on the process that carries rank 0:
     print a table every log_interval steps and write every step to TensorBoard. Returns the dict of floats
-    (on every process). utils/run.py's StatsLog adds the JSONL file and wandb."""
+    (on every process). training/run.py's StatsLog adds the JSONL file and wandb."""
     means = {k: _to_float(v) for k, v in stats.items()}
     step = int(step)
     if not is_root():

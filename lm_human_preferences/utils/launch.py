@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lm_human_preferences.utils import core, extras, gcs, ranks, run
+from lm_human_preferences.utils import core, extras, gcs, ranks
 
 
 class ConfigError(Exception):
@@ -145,7 +145,7 @@ def _worker(local_rank, world_size, port, f, mpi, error_dir):
     try:
         _run_in_group(f, mpi)
     except KeyboardInterrupt:
-        exit_without_finalizing(_INTERRUPTED_EXIT)  # the trainer said where it stopped (utils/run.py)
+        exit_without_finalizing(_INTERRUPTED_EXIT)  # the trainer said where it stopped (training/run.py)
     except BaseException as e:
         # For the launcher, which reports the first error: when one worker fails, its peers fail next in a
         # collective (connection closed), and only the first one says why.
@@ -276,7 +276,7 @@ def launch_trials(name, fn, trials, hparam_class, extra_hparams=None, dry_run=Fa
         else:
             if any(v for k, v in _flat(hparams).items() if k.endswith('run.wandb')):
                 try:
-                    run.check_wandb(job_name)  # ours: a missing key or an unreachable server, before any work
+                    extras.check_wandb(job_name)  # ours: a missing key or an unreachable server, before any work
                 except (ValueError, extras.MissingExtra) as e:
                     raise ConfigError(str(e)) from None
             jobs.append(partial(launch, job_name, partial(fn, hparams), mpi=mpi, procs=procs))
@@ -455,7 +455,7 @@ def main(commands_dict, argv=None):
         print(f'error: {e}', file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
-        sys.exit(_INTERRUPTED_EXIT)  # the trainer said where it stopped and how to resume (utils/run.py)
+        sys.exit(_INTERRUPTED_EXIT)  # the trainer said where it stopped and how to resume (training/run.py)
     except (WorkerFailed, mp.ProcessRaisedException, mp.ProcessExitedException) as e:
         # A bug: the message holds the failing worker's traceback; the launcher's own stack adds nothing.
         print(f'error: a worker failed:\n{e}', file=sys.stderr)

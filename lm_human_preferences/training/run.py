@@ -18,7 +18,7 @@ What a save dir holds for a trainer (<scope> is `reward_model` or `policy`):
     <save_dir>/tb/<scope or ppo>/            TensorBoard events
     <save_dir>/<kind>_curves.png             learning curves, at the end
     <save_dir>/<scope>/checkpoints/          model checkpoints, the last run.keep_checkpoints kept
-    <save_dir>/<scope>/train_state/          training states for resuming (utils/checkpointing.py)
+    <save_dir>/<scope>/train_state/          training states for resuming (training/checkpointing.py)
 
 One rewind rule for every stats sink: a run resumed at step M logs steps M, M+1, ... again, so the
 JSONL lines from step M on are dropped (and a last line cut off by a kill, with a warning) and
@@ -43,7 +43,8 @@ from typing import Callable, Dict, Optional
 import torch
 
 from lm_human_preferences.language import checkpoints
-from lm_human_preferences.utils import checkpointing, core, extras, files, hyperparams, plots, ranks
+from lm_human_preferences.utils import core, extras, files, hyperparams, ranks
+from lm_human_preferences.training import checkpointing, plots
 
 SCOPES = dict(train_reward='reward_model', train_policy='policy')
 TB_SUBDIRS = dict(train_reward='reward_model', train_policy='ppo')
@@ -191,7 +192,7 @@ def _wandb_run(hparams, kind):
     train_reward run); a resumed run continues its wandb run (its id is kept in the save dir)."""
     if not hparams.run.wandb or not core.is_root():
         return None
-    import wandb  # the `wandb` extra; checked at launch (check_wandb)
+    import wandb  # the `wandb` extra; checked at launch (extras.check_wandb)
     save_dir = hparams.run.save_dir
     name = os.path.basename(os.path.normpath(save_dir)) if save_dir else None
     run_id = None
@@ -206,35 +207,6 @@ def _wandb_run(hparams, kind):
     return wandb.init(project=hparams.run.wandb_project, config=hparams.to_nested_dict(), dir=save_dir,
                       name=f'{name}/{kind}' if name else None, group=name, job_type=kind, id=run_id,
                       resume='allow' if run_id else None)
-
-
-def check_wandb(name):
-    """Ours, at launch: that wandb can log (WANDB_MODE offline / disabled needs nothing); one line for a
-    missing package (extras.MissingExtra), and a ValueError for a missing API key or a W&B server that
-    cannot be reached."""
-    extras.require('wandb', extra='wandb', needed_for=f'{name}: run.wandb')
-    if os.environ.get('WANDB_MODE', '').lower() in ('offline', 'disabled', 'dryrun'):
-        return
-    base_url = os.environ.get('WANDB_BASE_URL', 'https://api.wandb.ai')
-    if not (os.environ.get('WANDB_API_KEY') or _netrc_has(base_url)):
-        raise ValueError(f'{name}: run.wandb is on but no W&B API key is set: run `wandb login`, set WANDB_API_KEY, '
-                         f'or set WANDB_MODE=offline to log locally')
-    import requests
-    try:
-        requests.head(base_url, timeout=5)
-    except requests.exceptions.RequestException as e:
-        raise ValueError(f'{name}: run.wandb is on but the W&B server {base_url} cannot be reached '
-                         f'({type(e).__name__}); set WANDB_MODE=offline to log locally and `wandb sync` later') from None
-
-
-def _netrc_has(url):
-    """Whether ~/.netrc has a login for url's host (where `wandb login` stores the key)."""
-    import netrc
-    from urllib.parse import urlparse
-    try:
-        return netrc.netrc().authenticators(urlparse(url).hostname) is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -377,7 +349,7 @@ class Run:
             raise checkpointing.IncompatibleRunError(error)
 
     def resume(self, *, modules: Dict[str, torch.nn.Module], optimizer, samplers=None, model=None):
-        """Restore the newest valid training state of the save dir, if any (see utils/checkpointing.py),
+        """Restore the newest valid training state of the save dir, if any (see training/checkpointing.py),
         and remember what save() saves: modules, optimizer, samplers, and model = (module, model hparams,
         encoding) for the model checkpoint. Returns the TrainState or None. Collective."""
         state = checkpointing.load_latest_train_state(self.model_dir, modules=modules, optimizer=optimizer,

@@ -2,7 +2,7 @@
 
 The original saved only model weights (tf.train.Saver) and always started from scratch. A long RLHF run
 dies to preemption, a full disk or a crashed worker, so both trainers also save their full *training
-state* here (through utils/run.py), and pick it up again when the same command is rerun:
+state* here (through training/run.py), and pick it up again when the same command is rerun:
 
     <dir>/train_state/state-<step>.safetensors   tensors: `modules.<name>.<state_dict key>` for each
                                                  module not in a model checkpoint of the same step,
@@ -503,7 +503,7 @@ def check_resume_compatible(save_dir, hparams_dict, filename, *, ignore=()):
     Every field must match except `run.save_dir` (and paths inside it, compared relative to it) and the
     fields named in `ignore` (dotted keys, matched as the key or its last parts, e.g. `run.wandb` matches
     `rewards.train_new_model.run.wandb`): a resumed run must be the same run, or its results would mix
-    two configurations. Not collective: utils/run.py calls it on one process.
+    two configurations. Not collective: training/run.py calls it on one process.
     """
     path = os.path.join(save_dir, filename)
     if not os.path.exists(path):

@@ -1,7 +1,7 @@
 """Learning curves from a run's stats files, as PNG (no original: it had TensorBoard only).
 
 The trainers append one JSON line per logged step to <save_dir>/train_reward_stats.jsonl and
-<save_dir>/train_policy_stats.jsonl (utils/run.py) and call plot_learning_curves(save_dir) at the end,
+<save_dir>/train_policy_stats.jsonl (training/run.py) and call plot_learning_curves(save_dir) at the end,
 which writes train_reward_curves.png / train_policy_curves.png beside them. The command line is
 `python sample.py plot --save_dir SAVE_DIR [--out F.png]`.
 

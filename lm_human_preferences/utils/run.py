@@ -108,6 +108,19 @@ def _locked(save_dir):
             f.close()
 
 
+def run_folder_of(path):
+    """The run's folder that holds path (path itself or a folder above it: a save dir, holding a trainer's
+    <kind>_hparams.json, or a model dir, holding train_state/) and what shows it, or None."""
+    path = os.path.realpath(path)
+    while True:
+        for mark in [f'{kind}_hparams.json' for kind in SCOPES] + [checkpointing.TRAIN_STATE_SUBDIR]:
+            if os.path.exists(os.path.join(path, mark)):
+                return path, mark
+        if os.path.dirname(path) == path:
+            return None
+        path = os.path.dirname(path)
+
+
 def _remove_temporaries(save_dir):
     """Temporary files (`*.tmp-<pid>`) that killed writers left anywhere in the save dir: with the lock
     held no writer of ours is at work there."""

@@ -540,6 +540,10 @@ class RewardModelTrainer():
         num_batches = utils.exact_div(self.hparams.labels.num_train, self.hparams.batch_size)
         progress = Progress(num_batches, start=self.global_step)  # ours
         while self.global_step < num_batches:
+            if self.global_step == num_batches - 1:
+                # Ours: a finished run keeps the state before its last batch too, whatever run.save_interval:
+                # should its final state or model checkpoint be damaged, a rerun redoes that batch from it.
+                self.save(done=False)
             start_index = self.global_step * self.hparams.batch_size
             end_index = start_index + self.hparams.batch_size
             all_ranks_indices = train_indices[start_index:end_index]

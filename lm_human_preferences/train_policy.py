@@ -693,5 +693,5 @@ def train(hparams: HParams):
                 ppo_trainer.step()
                 ppo_trainer.global_step += 1
 
-                if ppo_trainer.global_step % hparams.run.save_interval == 0:
+                if run.save_due(ppo_trainer.global_step):  # every run.save_interval steps, and on a stop signal
                     save()

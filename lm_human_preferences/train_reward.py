@@ -553,8 +553,9 @@ class RewardModelTrainer():
             progress.done = self.global_step
             if utils.is_root() and self.global_step % self.hparams.run.log_interval == 0:
                 print(f'[reward_step {progress()}]')  # ours
-            # Ours: the original saved only at the end; a training state every save_interval batches.
-            if self.global_step % self.hparams.run.save_interval == 0:
+            # Ours: the original saved only at the end; a training state every save_interval batches, and on
+            # a stop signal (utils/run.py).
+            if self.run.save_due(self.global_step):
                 self.save(done=False)
 
         # Ours: evaluate the model as trained, before normalize_after rescales it (the accuracy does not

@@ -137,6 +137,28 @@ def test_rewind_drops_later_steps_and_a_cut_last_line_with_a_warning(tmp_path):
                                          r'line and rerun'):
         log.read()
     assert path.read_text() == '{"step": 0}\n{"step": 1, "lo\n{"step": 2}\n'
+    # a torn tail is one line whatever bytes it holds (a power cut can leave any: b'\r' too)
+    path.write_bytes(b'{"step": 0}\n{"step": 1, "lo\r\x00\x00')
+    with pytest.warns(plots.StatsWarning, match='dropping its last line'):
+        log.read()
+    assert log.next_step() == 1
+
+
+def test_rows_lost_before_every_kept_state_are_named(tmp_path, capsys):
+    """The stats log lost rows that no kept state precedes: the run resumes from its newest state all the
+    same, and a warning names the rows the log lacks."""
+    save_dir = tmp_path / 'run'
+    train_policy.train(policy_hparams(save_dir, **{'run.save_interval': 3}))
+    for path in (save_dir / 'policy' / 'train_state').glob('state-6.*'):
+        path.unlink()  # as if killed after state 3
+    stats = save_dir / 'train_policy_stats.jsonl'
+    stats.write_text(''.join(stats.read_text().splitlines(keepends=True)[:1]))  # the rows of steps 1 .. lost
+    capsys.readouterr()
+    with pytest.warns(plots.StatsWarning, match=rf'^{stats}: the rows of steps 1 to 2 are lost and no training '
+                                                r'state before them is kept: the log lacks them$'):
+        train_policy.train(policy_hparams(save_dir, **{'run.save_interval': 3}))
+    assert f"resuming from {save_dir}/policy/train_state/state-3.json (step 3)\n" in capsys.readouterr().out
+    assert jsonl_steps(stats) == [0, 3, 4, 5]
 
 
 def test_a_damaged_stats_line_stops_a_rerun_before_any_work(tmp_path):

@@ -45,7 +45,7 @@ def read_rows(path):
     last; not JSON; no step), is dropped with a StatsWarning. Any other such line is damage no append
     leaves: a ValueError naming the file, the line and the fix."""
     with open(path, 'rb') as f:
-        lines = f.read().splitlines(keepends=True)
+        lines = f.readlines()  # split at b'\n' alone (bytes.splitlines also splits a torn tail at b'\r')
     rows = []
     for i, line in enumerate(lines):
         if not line.strip():

@@ -8,10 +8,11 @@ DIR is a train_policy save dir: ours (train_policy_hparams.json + policy/) or an
 (same layout, TF checkpoints under policy/checkpoints/, converted on first use). Queries come from the
 task's test split. nsamples 0 (the default, as the original) samples forever.
 
-    python sample.py export --save_dir DIR --out HF_DIR [--savescope policy|reward_model]
+    python sample.py export --save_dir DIR --out HF_DIR [--savescope policy|reward_model] [--force]
     python sample.py plot --save_dir DIR [--out FIGURE.png] [--title TITLE]
 
-(ours) `export` writes DIR's policy (or reward model) as a Hugging Face transformers GPT-2 folder; `plot`
+(ours) `export` writes DIR's policy (or reward model) as a Hugging Face transformers GPT-2 folder (a new or
+empty one outside every save dir; --force replaces an earlier export); `plot`
 draws its learning curves again (the figures its run drew), or with --out all of them in one figure.
 
     python sample.py best_of_n --save_dir DIR [--n 32] [--queries 256] [--seed 0]
@@ -36,7 +37,7 @@ from lm_human_preferences.language import checkpoints, hf_export, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import hyperparams, launch
-from lm_human_preferences.training import plots
+from lm_human_preferences.training import plots, run
 
 
 def sample_policy(save_dir=None, savescope='policy', temperature=1.0, seed=None, batch_size=4, nsamples=0):
@@ -138,9 +139,10 @@ def launch_sample(save_dir=None, savescope='policy', temperature=1.0, seed=None,
     launch.launch('sample', partial(sample_policy, **kwargs), mpi=mpi, procs=procs)
 
 
-def launch_export(save_dir=None, out=None, savescope='policy'):
+def launch_export(save_dir=None, out=None, savescope='policy', force=False):
     """Ours: write <save_dir>/<savescope> (the trained policy, or with --savescope reward_model the reward
-    model) as a Hugging Face transformers GPT-2 folder at --out; see language/hf_export.py."""
+    model) as a Hugging Face transformers GPT-2 folder at --out, a new or empty folder outside every save
+    dir (--force: replace an earlier export there); see language/hf_export.py."""
     if save_dir is None or out is None:
         raise launch.ConfigError('export needs --save_dir DIR (a train_policy / train_reward save dir) and --out HF_DIR')
     if savescope not in ('policy', 'reward_model'):
@@ -154,7 +156,12 @@ def launch_export(save_dir=None, out=None, savescope='policy'):
         hparams = train_policy.HParams()
         hparams.override_from_json_file(hparams_path)
         task = hparams.task
-    for path in hf_export.export(model_dir, out, scope=savescope, task=task):
+    held = run.run_folder_of(out)  # never, with --force neither: its files would lie among the run's
+    if held is not None:
+        where = 'is' if held[0] == os.path.realpath(out) else 'is inside'
+        raise ValueError(f'{out} {where} the run folder {held[0]} (it holds {held[1]}): export into a folder of '
+                         f'its own, outside the save dir')
+    for path in hf_export.export(model_dir, out, scope=savescope, task=task, force=force):
         print(path)
     print('\n'.join(hf_export.usage(out)))
 

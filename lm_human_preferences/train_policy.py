@@ -189,6 +189,7 @@ def chain_reward_model(hparams: HParams):
 def check_ranks(hparams: HParams, num_ranks):
     """Ours, at launch (the original asserted the last one inside train): the batches each of num_ranks ranks
     takes a share of must split evenly, and a rank's minibatch must hold 8 episodes to whiten over."""
+    hparams.run.check_seed(num_ranks, prefix='run.')
     ppo = hparams.ppo
     hyperparams.require(ppo.batch_size % (num_ranks * ppo.nminibatches) == 0, 'ppo.batch_size', ppo.batch_size,
                         train_reward.splits_over(num_ranks, ppo.nminibatches,
@@ -693,5 +694,5 @@ def train(hparams: HParams):
                 ppo_trainer.step()
                 ppo_trainer.global_step += 1
 
-                if ppo_trainer.global_step % hparams.run.save_interval == 0:
+                if run.save_due(ppo_trainer.global_step):  # every run.save_interval steps, and on a stop signal
                     save()

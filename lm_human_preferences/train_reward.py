@@ -63,6 +63,14 @@ class RunHParams(hyperparams.HParams):
         hyperparams.require(self.microbatch_size in (None, 'auto') or self.microbatch_size > 0, prefix + 'microbatch_size',
                             self.microbatch_size, "it must be at least 1 ('auto': the largest that fits the free "
                                                   "memory; unset: no split)")
+        self.check_seed(1, prefix=prefix)
+
+    def check_seed(self, num_ranks, *, prefix=''):
+        """Ours (at launch; numpy's message named no option): every rank's seed must be one numpy takes."""
+        top = 2 ** 32 - 1 - 100003 * (num_ranks - 1)  # rank r's: seed + 100003 * r (utils/ranks.seed)
+        hyperparams.require(self.seed is None or 0 <= self.seed <= top, prefix + 'seed', self.seed,
+                            f'it must be from 0 to {top}' + (f' with --mpi {num_ranks}' if num_ranks > 1 else '')
+                            + ': rank r seeds numpy (0 to 2**32 - 1) with seed + 100003 * r; unset: fresh entropy')
 
     def use_bf16(self):
         """Whether bf16 autocast is on: run.bf16, or (None) whether CUDA is available."""
@@ -126,6 +134,7 @@ class HParams(hyperparams.HParams):
 
 def check_ranks(hparams: HParams, num_ranks, *, prefix=''):
     """Ours, at launch: the sizes each of num_ranks ranks takes a share of must split evenly."""
+    hparams.run.check_seed(num_ranks, prefix=prefix + 'run.')
     sizes = ['batch_size'] + (['rollout_batch_size'] if hparams.normalize_before or hparams.normalize_after else [])
     for name in sizes:
         hyperparams.require(getattr(hparams, name) % num_ranks == 0, prefix + name, getattr(hparams, name),
@@ -538,6 +547,10 @@ class RewardModelTrainer():
         num_batches = utils.exact_div(self.hparams.labels.num_train, self.hparams.batch_size)
         progress = Progress(num_batches, start=self.global_step)  # ours
         while self.global_step < num_batches:
+            if self.global_step == num_batches - 1:
+                # Ours: a finished run keeps the state before its last batch too, whatever run.save_interval:
+                # should its final state or model checkpoint be damaged, a rerun redoes that batch from it.
+                self.save(done=False)
             start_index = self.global_step * self.hparams.batch_size
             end_index = start_index + self.hparams.batch_size
             all_ranks_indices = train_indices[start_index:end_index]
@@ -547,8 +560,9 @@ class RewardModelTrainer():
             progress.done = self.global_step
             if utils.is_root() and self.global_step % self.hparams.run.log_interval == 0:
                 print(f'[reward_step {progress()}]')  # ours
-            # Ours: the original saved only at the end; a training state every save_interval batches.
-            if self.global_step % self.hparams.run.save_interval == 0:
+            # Ours: the original saved only at the end; a training state every save_interval batches, and on
+            # a stop signal (utils/stopping.py).
+            if self.run.save_due(self.global_step):
                 self.save(done=False)
 
         # Ours: evaluate the model as trained, before normalize_after rescales it (the accuracy does not

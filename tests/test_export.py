@@ -132,6 +132,58 @@ def test_sample_py_export_command(tmp_path, capsys):
         assert message in capsys.readouterr().err
 
 
+def test_export_takes_an_empty_folder_outside_every_save_dir(tmp_path, capsys):
+    """A folder holding files is refused in one line (old files beside the new ones would mix into the model
+    transformers loads) unless --force, which replaces an earlier export there and leaves the rest; a run's
+    save dir or a folder in it never, --force neither. Nothing is written when refused."""
+    import importlib.util
+    from pathlib import Path
+    from lm_human_preferences import train_policy
+    spec = importlib.util.spec_from_file_location('sample_cli', Path(__file__).resolve().parents[1] / 'sample.py')
+    sample_cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sample_cli)
+    save_dir = tmp_path / 'run'
+    hparams = train_policy.HParams()
+    hparams.override_from_dict({
+        'task.policy.initial_model': 'test', 'task.query_dataset': 'test', 'task.query_length': 2,
+        'task.response_length': 3, 'rewards.trained_model': 'test', 'ppo.batch_size': 8, 'ppo.total_episodes': 8,
+        'ppo.noptepochs': 1, 'run.seed': 1, 'run.save_dir': str(save_dir)})
+    hparams.validate()
+    train_policy.train(hparams)
+
+    def export(out, *force):
+        sample_cli.launch.main(sample_cli.COMMANDS, argv=['export', '--save_dir', str(save_dir), '--out', str(out),
+                                                           *force])
+
+    def refused(out, *force):
+        before = sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob('*') if p.name != '.lock')
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            export(out, *force)
+        assert e.value.code == 1
+        assert sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob('*') if p.name != '.lock') == before
+        return capsys.readouterr().err
+
+    hf = tmp_path / 'hf'
+    export(hf)
+    assert refused(hf) == (f'error: {hf} is not empty (it holds config.json and 6 more): export into a new or empty '
+                           f'folder, or add --force to replace the files an export writes there (the rest stay)\n')
+    (hf / 'reward_head.safetensors').write_bytes(b'an earlier export of a reward model')
+    (hf / 'README.md').write_text('notes')
+    export(hf, '--force')
+    assert sorted(p.name for p in hf.iterdir()) == [
+        'README.md', 'config.json', 'generation_config.json', 'lmhp_export.json', 'model.safetensors',
+        'tokenizer.json', 'tokenizer_config.json', 'value_head.safetensors']
+    for out, where, mark in [(save_dir, 'is', 'train_policy_hparams.json'),
+                             (save_dir / 'hf', 'is inside', 'train_policy_hparams.json'),
+                             (save_dir / 'policy', 'is', 'train_state')]:
+        run_folder = save_dir / 'policy' if mark == 'train_state' else save_dir
+        assert refused(out, '--force') == (f'error: {out} {where} the run folder {run_folder} (it holds {mark}): '
+                                           f'export into a folder of its own, outside the save dir\n')
+    (tmp_path / 'file').write_text('')
+    assert refused(tmp_path / 'file') == f'error: {tmp_path / "file"} is a file: an export writes a folder\n'
+
+
 # ---- the tokenizer (once not written: AutoTokenizer silently gave an empty one, vocab_size 0) ----
 
 def _random_model_dir(path, encoding, n_ctx=40):

@@ -180,6 +180,41 @@ def test_other_tokenizers_pickles_and_untied_heads_are_one_line(tmp_path):
         trained_models.TrainedModel(str(tmp_path / 'hf'))
 
 
+def test_a_folder_without_its_config_a_config_list_and_a_nan_weight_are_one_line(tmp_path):
+    """Each names its cause: the folder's missing config.json (not our hparams.json), the file that holds no
+    JSON object, the tensor and file of a NaN weight (not a failure to sample, later, naming neither); at
+    launch (known_n_ctx) where the config says it."""
+    hparams = model.HParams(n_vocab=27, n_ctx=8, n_embd=8, n_head=2, n_layer=1)
+    checkpoints.save_checkpoint(str(tmp_path / 'p'), 1, model.Model(hparams), hparams=hparams, encoding=encodings.Test)
+    hf = tmp_path / 'hf'
+    hf_export.export(str(tmp_path / 'p'), str(hf))
+    config = (hf / 'config.json').read_text()
+    (hf / 'config.json').unlink()
+    for load in (trained_models.known_n_ctx, trained_models.TrainedModel):
+        with pytest.raises(FileNotFoundError, match=rf'^{hf} holds a Hugging Face model without its config.json '
+                                                    r'\(the GPT2Config, which save_pretrained writes beside the '
+                                                    r'weights\): copy it there$'):
+            load(str(hf))
+    (hf / 'config.json').write_text(json.dumps([json.loads(config)]))
+    for load in (trained_models.known_n_ctx, trained_models.TrainedModel):
+        with pytest.raises(ValueError, match=rf'^{hf}/config.json holds a JSON list: it must hold an object'):
+            load(str(hf))
+    (hf / 'config.json').write_text(config)
+    from safetensors.torch import load_file, save_file
+    weights = load_file(str(hf / 'model.safetensors'))
+    weights['transformer.h.0.mlp.c_fc.weight'][1, 2] = float('nan')
+    save_file(weights, str(hf / 'model.safetensors'), metadata={'format': 'pt'})
+    with pytest.raises(ValueError, match=rf"^variable 'transformer.h.0.mlp.c_fc.weight' in {hf}/model.safetensors "
+                                         r'holds non-finite values \(NaN or inf\): the model is broken$'):
+        trained_models.TrainedModel(str(hf))
+    # One of our checkpoints (written by hand: our trainers never save a non-finite weight): at load, named.
+    state = checkpoints.load_checkpoint(str(tmp_path / 'p'))
+    state['model.wpe'][0, 0] = float('inf')
+    path = checkpoints.write_checkpoint(str(tmp_path / 'p'), 2, state, hparams=hparams, encoding=encodings.Test)
+    with pytest.raises(ValueError, match=rf"^variable 'model.wpe' in {path} holds non-finite values"):
+        _ours(tmp_path / 'p')
+
+
 def _test_tokenizer():
     return hf_export.tokenizer_files(encodings.Test, model.HParams(n_ctx=8))['tokenizer.json']
 

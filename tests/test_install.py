@@ -49,7 +49,7 @@ def test_the_commands_import_without_the_extras():
             "import launch, sample\n"
             "from lm_human_preferences import train_policy, train_reward, rewards, policy, demo\n"
             "from lm_human_preferences.language import hf_export, hf_import, convert_tf\n"
-            "from lm_human_preferences.utils import plots, run\n"
+            "from lm_human_preferences.training import plots, run\n"
             "print('ok')\n")
     proc = subprocess.run([sys.executable, '-c', code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout == 'ok\n', proc.stderr

@@ -88,8 +88,10 @@ def test_resumed_run_keeps_last_value_per_step(tmp_path):
 def test_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match='no stats to plot in .*train_reward_stats.jsonl or train_policy_stats.jsonl'):
         plots.plot_learning_curves(str(tmp_path))
-    (tmp_path / 'train_reward_stats.jsonl').write_text('{"step": 0, "loss": 1}\nnot json\n')
-    with pytest.raises(ValueError, match='train_reward_stats.jsonl line 2 is not valid JSON'):
+    # A damaged line with lines after it: no append leaves that (a torn last line: tests/test_run.py).
+    (tmp_path / 'train_reward_stats.jsonl').write_text('{"step": 0, "loss": 1}\nnot json\n{"step": 1, "loss": 2}\n')
+    with pytest.raises(ValueError, match=r'train_reward_stats.jsonl line 2 is not valid JSON \(Expecting value: .*\), '
+                                         r'with lines after it .*: delete that line and rerun'):
         plots.plot_learning_curves(str(tmp_path))
 
 

@@ -79,19 +79,19 @@ def env():
     return e
 
 
-def cli_argv(command, save_root, args):
-    return [command, 'sentiment', NAME, '--save_dir', str(save_root), '--mpi', '1', *map(str, args)]
+def cli_argv(command, save_root, args, exp='sentiment'):
+    return [command, exp, NAME, '--save_dir', str(save_root), '--mpi', '1', *map(str, args)]
 
 
-def launch_cli(command, save_root, args, *, driver=None):
-    """Start `python launch.py command sentiment run --save_dir save_root args...` (or the same argv under
-    a python driver script that patches something first); stdout and stderr are captured."""
+def launch_cli(command, save_root, args, *, driver=None, exp='sentiment'):
+    """Start `python launch.py command exp run --save_dir save_root args...` (or the same argv under a
+    python driver script that patches something first); stdout and stderr are captured."""
     prefix = [sys.executable, 'launch.py'] if driver is None else [sys.executable, '-c', driver, 'launch.py']
-    return subprocess.Popen(prefix + cli_argv(command, save_root, args), cwd=REPO_ROOT, env=env(),
+    return subprocess.Popen(prefix + cli_argv(command, save_root, args, exp), cwd=REPO_ROOT, env=env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def run_in_process(command, save_root, args):
+def run_in_process(command, save_root, args, exp='sentiment'):
     """The same command line run in this process (launch.py's main; --mpi 1 runs the trainer here), on
     one CPU thread as the subprocesses: the uninterrupted reference run, while a subprocess is killed."""
     threads = torch.get_num_threads()
@@ -100,7 +100,7 @@ def run_in_process(command, save_root, args):
         with mock.patch('torch.cuda.is_available', return_value=False):  # CPU even on a GPU machine
             top_launch.launch.main(dict(train_policy=top_launch.launch_train_policy,
                                         train_reward=top_launch.launch_train_reward),
-                                   argv=cli_argv(command, save_root, args))
+                                   argv=cli_argv(command, save_root, args, exp))
     finally:
         torch.set_num_threads(threads)
 
@@ -267,3 +267,33 @@ def test_train_policy_resumes_after_sigkill_from_the_last_valid_state(tmp_path):
     assert_same_stats(tmp_path / 'whole' / NAME / 'train_policy_stats.jsonl',
                       tmp_path / 'killed' / NAME / 'train_policy_stats.jsonl', 30)
     assert_same_tensorboard(tmp_path / 'whole' / NAME / 'tb' / 'ppo', tmp_path / 'killed' / NAME / 'tb' / 'ppo', 30)
+
+
+def test_a_torn_stats_log_ends_as_the_uninterrupted_runs(tmp_path):
+    """Killed after a saved state, then the end of the stats log lost (what a full disk or a power cut
+    during an append leaves; here the last row and half the one before): the rerun drops the torn line
+    with one warning, resumes from the newest kept state that the log covers, redoing the steps whose rows
+    were lost, and ends with the uninterrupted run's log and model."""
+    args = ['--ppo.total_episodes', '640', '--run.save_interval', '1', '--run.log_interval', '1000']  # 20 steps
+    killed = launch_cli('train_policy', tmp_path / 'killed', args, exp='test')
+    policy_dir = tmp_path / 'killed' / NAME / 'policy'
+    watcher = kill_when_exists(killed, policy_dir / 'train_state' / 'state-10.json')
+    run_in_process('train_policy', tmp_path / 'whole', args, exp='test')  # meanwhile: the uninterrupted run
+    assert_killed(killed, watcher)
+    stats = tmp_path / 'killed' / NAME / 'train_policy_stats.jsonl'
+    rows = stats.read_bytes().splitlines(keepends=True)
+    newest = checkpointing.train_state_steps(policy_dir)[0]
+    assert len(rows) >= newest >= 10
+    stats.write_bytes(b''.join(rows)[:-(len(rows[-1]) + len(rows[-2]) // 2)])
+    covered = len(rows) - 2  # the rows of steps 0 .. len(rows) - 3 are whole
+
+    code, out, err = finish(launch_cli('train_policy', tmp_path / 'killed', args, exp='test'))
+    assert code == 0, err[-3000:]
+    assert [line for line in err.splitlines() if line.startswith('warning:')] == [
+        f'warning: {stats}: dropping its last line, which is no complete stats row (an append cut off by a kill or '
+        f'a full disk): {rows[-2][:60]!r}']
+    assert (f'train_policy: resuming from {policy_dir}/train_state/state-{covered}.json (step {covered}; {stats} ends '
+            f'before step {newest}: the steps from {covered} are redone to log them again)') in out
+    assert_same_stats(tmp_path / 'whole' / NAME / 'train_policy_stats.jsonl', stats, 20)
+    assert_same_tensors(tmp_path / 'whole' / NAME / 'policy' / 'checkpoints' / 'model-20.safetensors',
+                        policy_dir / 'checkpoints' / 'model-20.safetensors')

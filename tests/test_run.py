@@ -15,8 +15,8 @@ import torch
 
 from lm_human_preferences import train_policy, train_reward
 from lm_human_preferences.language import checkpoints
-from lm_human_preferences.training import checkpointing, run
-from lm_human_preferences.utils import extras
+from lm_human_preferences.training import checkpointing, plots, run
+from lm_human_preferences.utils import extras, stopping
 from test_resume import env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -115,18 +115,62 @@ def test_stats_log_writes_jsonl_and_tensorboard(tmp_path, capsys):
     assert log.last == {'objective/kl': 1.0, 'ppo/lr': 1e-5}
 
 
-def test_rewind_drops_later_steps_and_a_cut_line_with_a_warning(tmp_path):
+def test_rewind_drops_later_steps_and_a_cut_last_line_with_a_warning(tmp_path):
     path = tmp_path / 'train_policy_stats.jsonl'
     path.write_text(''.join(json.dumps({'step': i, 'loss': i / 2}) + '\n' for i in range(5)) + '{"step": 5, "lo')
     log = run.StatsLog(save_dir=str(tmp_path), kind='train_policy', log_interval=1)
-    with pytest.warns(run.StatsWarning, match=r'dropping a line that is not a stats row \(cut off by a kill\?\)'):
-        log.rewind(3)  # resumed at step 3: steps 3, 4 and the cut line go
+    with pytest.warns(plots.StatsWarning, match=r'train_policy_stats.jsonl: dropping its last line, which is no '
+                                                r'complete stats row .*: b\'{"step": 5, "lo\'$'):
+        log.read()
+    assert log.next_step() == 5
+    log.rewind(3)  # resumed at step 3: steps 3, 4 and the cut line go
     assert jsonl_steps(path) == [0, 1, 2]
-    # a line that parses but is no row (JSON, not an object): dropped the same way, not a crash
+    # a last line that parses but is no row: dropped the same way; a finished run (rewind(None)) keeps the rows
     path.write_text(path.read_text() + '5\n')
-    with pytest.warns(run.StatsWarning, match=r"not a stats row .*: b'5\\n'"):
-        log.rewind(3)
+    with pytest.warns(plots.StatsWarning, match=r"no complete stats row .*: b'5\\n'"):
+        log.read()
+    log.rewind(None)
     assert jsonl_steps(path) == [0, 1, 2]
+    # a damaged line with lines after it: one line naming the file, the line and the fix, and nothing changes
+    path.write_text('{"step": 0}\n{"step": 1, "lo\n{"step": 2}\n')
+    with pytest.raises(ValueError, match=rf'^{path} line 2 is not valid JSON \(Invalid control character at: '
+                                         r'line 1 .*\), with lines after it \(no append leaves that\): delete that '
+                                         r'line and rerun'):
+        log.read()
+    assert path.read_text() == '{"step": 0}\n{"step": 1, "lo\n{"step": 2}\n'
+    # a torn tail is one line whatever bytes it holds (a power cut can leave any: b'\r' too)
+    path.write_bytes(b'{"step": 0}\n{"step": 1, "lo\r\x00\x00')
+    with pytest.warns(plots.StatsWarning, match='dropping its last line'):
+        log.read()
+    assert log.next_step() == 1
+
+
+def test_rows_lost_before_every_kept_state_are_named(tmp_path, capsys):
+    """The stats log lost rows that no kept state precedes: the run resumes from its newest state all the
+    same, and a warning names the rows the log lacks."""
+    save_dir = tmp_path / 'run'
+    train_policy.train(policy_hparams(save_dir, **{'run.save_interval': 3}))
+    for path in (save_dir / 'policy' / 'train_state').glob('state-6.*'):
+        path.unlink()  # as if killed after state 3
+    stats = save_dir / 'train_policy_stats.jsonl'
+    stats.write_text(''.join(stats.read_text().splitlines(keepends=True)[:1]))  # the rows of steps 1 .. lost
+    capsys.readouterr()
+    with pytest.warns(plots.StatsWarning, match=rf'^{stats}: the rows of steps 1 to 2 are lost and no training '
+                                                r'state before them is kept: the log lacks them$'):
+        train_policy.train(policy_hparams(save_dir, **{'run.save_interval': 3}))
+    assert f"resuming from {save_dir}/policy/train_state/state-3.json (step 3)\n" in capsys.readouterr().out
+    assert jsonl_steps(stats) == [0, 3, 4, 5]
+
+
+def test_a_damaged_stats_line_stops_a_rerun_before_any_work(tmp_path):
+    save_dir = tmp_path / 'run'
+    save_dir.mkdir()
+    path = save_dir / 'train_policy_stats.jsonl'
+    damaged = '{"step": 0, "objective/kl": 1.0}\n{"step": 1, "objective/kl": \n{"step": 2, "objective/kl": 1.0}\n'
+    path.write_text(damaged)
+    with pytest.raises(ValueError, match=rf'^{path} line 2 is not valid JSON \(.*\), with lines after it'):
+        train_policy.train(policy_hparams(save_dir))
+    assert path.read_text() == damaged and not (save_dir / 'train_policy_hparams.json').exists()
 
 
 # ---- checkpoints and training states ----
@@ -207,32 +251,120 @@ def test_progress_summary_and_one_line_missing_heads(tmp_path, capsys):
     assert 'train_policy: 1 rank in 1 process; saving to' in out
 
 
+def start_cli(argv, **env_overrides):
+    """`python launch.py argv...` with stop signals at their default disposition, as under a terminal,
+    whatever this process's are: one started while SIGINT is ignored keeps ignoring it (CPython installs
+    its handler only where SIGINT is not ignored)."""
+    return subprocess.Popen([sys.executable, 'launch.py', *argv], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(env(), **env_overrides),
+                            preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in stopping.STOP_SIGNALS])
+
+
+def wait_for_rows(path, n, proc, timeout=120):
+    """Wait until the stats file at path holds n rows (the run is training)."""
+    deadline = time.time() + timeout
+    while not (path.exists() and path.read_text().count('\n') >= n):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+
+
+def stopped_line(kind, name, state_dir, step):
+    return (f'{kind} stopped by {name} after {step} steps, all saved; rerunning the same command resumes there '
+            f'({state_dir}/state-{step}.json)')
+
+
+LONG_RUN = ['--ppo.total_episodes', '100000', '--run.save_interval', '1000', '--run.log_interval', '1000']
+
+
 @pytest.mark.slow
-def test_ctrl_c_is_one_line_and_the_rerun_resumes(tmp_path):
-    argv = [sys.executable, 'launch.py', 'train_policy', 'test', 'run', '--save_dir', str(tmp_path),
-            '--ppo.total_episodes', '100000', '--run.save_interval', '5', '--run.log_interval', '1000']
-    # The child starts with Ctrl-C's default disposition, as under a terminal, whatever this process's is:
-    # one started while SIGINT is ignored keeps ignoring it (CPython installs its handler only where SIGINT
-    # is not ignored). In the full suite the run twice went on to its end deaf to the signal (not
-    # reproduced alone); the message below says what this process's disposition was if it fails again.
-    proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    harness_sigint = signal.getsignal(signal.SIGINT)
-    state_dir = tmp_path / 'run' / 'policy' / 'train_state'
-    deadline = time.time() + 120
-    # Any saved state (not one step's: older states are pruned as the fast test run saves newer ones).
-    while not list(state_dir.glob('state-*.json')) and time.time() < deadline:
-        time.sleep(0.2)
-    sent = time.time()
-    proc.send_signal(signal.SIGINT)
+@pytest.mark.parametrize('signum', stopping.STOP_SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_a_stop_signal_saves_where_it_stopped_in_one_line(tmp_path, signum):
+    """Ctrl-C, a scheduler's SIGTERM and Slurm's SIGUSR1 notice: the step in progress ends, its state is
+    saved (3125 steps, saved every 1000: none without the signal), one line says where, and the exit
+    status is 128 + the signal's number (a rerun resumes there: the next test)."""
+    argv = ['train_policy', 'test', 'run', '--save_dir', str(tmp_path), *LONG_RUN]
+    proc = start_cli(argv)
+    stats, state_dir = tmp_path / 'run' / 'train_policy_stats.jsonl', tmp_path / 'run' / 'policy' / 'train_state'
+    wait_for_rows(stats, 3, proc)
+    proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, (f'SIGINT here: {harness_sigint}; states {sorted(p.name for p in state_dir.glob("state-*.json"))}, exit '
-                                    f'{time.time() - sent:.1f}s after the signal\n{out[-1500:]}\n{err[-1500:]}')
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    step = checkpointing.train_state_steps(tmp_path / 'run' / 'policy')[0]
-    assert lines[0].startswith('train_policy stopped by Ctrl-C at step ')
-    assert lines[0].endswith(f'rerunning the same command resumes from step {step} ({state_dir})')
+    assert proc.returncode == 128 + signum, err[-3000:]
+    step = checkpointing.train_state_steps(state_dir.parent)[0]
+    assert len(stats.read_text().splitlines()) == step >= 3  # the rows of steps 0 .. step - 1
+    name = signal.Signals(signum).name if signum != signal.SIGINT else 'Ctrl-C (SIGINT)'
+    assert err.strip().splitlines() == [stopped_line('train_policy', name, state_dir, step)]
+
+
+@pytest.mark.slow
+def test_sigterm_to_every_process_of_a_two_process_run(tmp_path):
+    """A scheduler signals every process (the launcher passes it on too): the workers agree on the step
+    to stop at, save it, the worker carrying rank 0 says where in one line, and every process ends, 143.
+    The rerun resumes there; a signal to its launcher alone reaches the workers."""
+    argv = ['train_policy', 'test', 'run', '--save_dir', str(tmp_path), '--mpi', '2', '--procs', '2', *LONG_RUN]
+    proc = start_cli(argv, LMHP_DIST_BACKEND='gloo')
+    stats, state_dir = tmp_path / 'run' / 'train_policy_stats.jsonl', tmp_path / 'run' / 'policy' / 'train_state'
+    wait_for_rows(stats, 3, proc)
+    children = [int(p) for p in Path(f'/proc/{proc.pid}/task/{proc.pid}/children').read_text().split()]
+    workers = [pid for pid in children if b'spawn_main' in Path(f'/proc/{pid}/cmdline').read_bytes()]
+    assert len(workers) == 2  # the other child: multiprocessing's resource tracker
+    for pid in [proc.pid, *children]:
+        os.kill(pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err[-3000:]
+    step = checkpointing.train_state_steps(state_dir.parent)[0]
+    assert len(stats.read_text().splitlines()) == step >= 3
+    assert err.strip().splitlines() == [stopped_line('train_policy', 'SIGTERM', state_dir, step)]
+    assert not [pid for pid in workers if os.path.exists(f'/proc/{pid}')]
+
+    proc = start_cli(argv, LMHP_DIST_BACKEND='gloo')
+    wait_for_rows(stats, step + 2, proc)
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGUSR1, err[-3000:]
+    assert f'train_policy: resuming from {state_dir}/state-{step}.json (step {step})' in out
+    assert err.strip().splitlines() == [
+        stopped_line('train_policy', 'SIGUSR1', state_dir, checkpointing.train_state_steps(state_dir.parent)[0])]
+
+
+def signal_during_step(monkeypatch, step, *signums):
+    """Send this process signums (real signals) while PPO step `step` runs."""
+    original = train_policy.PPOTrainer.step
+
+    def stepping(self):
+        if self.global_step == step:
+            for signum in signums:
+                os.kill(os.getpid(), signum)
+        return original(self)
+    monkeypatch.setattr(train_policy.PPOTrainer, 'step', stepping)
+
+
+def test_a_stop_waits_for_the_step_and_a_second_ctrl_c_does_not(tmp_path, monkeypatch, capsys):
+    save_dir = tmp_path / 'run'
+    state_dir = save_dir / 'policy' / 'train_state'
+    signal_during_step(monkeypatch, 2, signal.SIGTERM, signal.SIGTERM)  # the scheduler's, and the launcher's
+    with stopping.stopping_on_signals(), pytest.raises(stopping.Stopped) as e:
+        train_policy.train(policy_hparams(save_dir))
+    assert e.value.signum == signal.SIGTERM and stopping.exit_code(e.value) == 143
+    assert checkpointing.train_state_steps(save_dir / 'policy') == [3]  # step 2 done, then saved
+    assert capsys.readouterr().err == stopped_line('train_policy', 'SIGTERM', state_dir, 3) + '\n'
+
+    signal_during_step(monkeypatch, 4, signal.SIGINT, signal.SIGINT)  # Ctrl-C twice: at once
+    with stopping.stopping_on_signals(), pytest.raises(stopping.Stopped):
+        train_policy.train(policy_hparams(save_dir))
+    assert checkpointing.train_state_steps(save_dir / 'policy') == [3]
+    assert capsys.readouterr().err == (f'\ntrain_policy stopped by Ctrl-C (SIGINT) during step 4 (not saved); '
+                                       f'rerunning the same command resumes from step 3 ({state_dir}/state-3.json)\n')
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are given back
+
+
+def test_a_stop_outside_the_training_loop_is_one_line(tmp_path, monkeypatch, capsys):
+    def stop(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGUSR1)
+    monkeypatch.setattr(train_policy.PPOTrainer, '__init__', stop)  # while the run builds its trainer
+    with stopping.stopping_on_signals(), pytest.raises(stopping.Stopped):
+        train_policy.train(policy_hparams(tmp_path / 'run'))
+    assert capsys.readouterr().err == ('train_policy stopped by SIGUSR1 outside its training loop; rerunning the '
+                                       'same command resumes where it left off\n')
 
 
 WORKER_PIDS = """
@@ -249,8 +381,10 @@ if __name__ == '__main__':
 
 
 @pytest.mark.slow
-def test_workers_die_with_their_launcher(tmp_path):
-    """A plain `kill` of the launching process (SIGTERM, which it does not handle) ends its workers too."""
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGKILL], ids=['SIGTERM', 'SIGKILL'])
+def test_workers_die_with_their_launcher(tmp_path, signum):
+    """A `kill` of the launching process ends its workers too: SIGTERM, which it passes on to them, and
+    SIGKILL, which it cannot handle (the kernel ends them: PR_SET_PDEATHSIG)."""
     script, out = tmp_path / 'launcher.py', tmp_path / 'pids'
     out.mkdir()
     script.write_text(WORKER_PIDS.format(repo=str(REPO_ROOT), out=str(out)))
@@ -260,7 +394,7 @@ def test_workers_die_with_their_launcher(tmp_path):
         time.sleep(0.2)
     workers = [int(p) for p in os.listdir(out)]
     assert len(workers) == 2
-    launcher.terminate()
+    launcher.send_signal(signum)
     launcher.wait(timeout=30)
     deadline = time.time() + 10
     while any(os.path.exists(f'/proc/{pid}') and open(f'/proc/{pid}/stat').read().split()[2] != 'Z'

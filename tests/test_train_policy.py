@@ -13,6 +13,7 @@ from torch import nn
 from lm_human_preferences import lm_tasks, train_policy
 from lm_human_preferences.language import checkpoints, trained_models
 from lm_human_preferences.policy import Policy
+from lm_human_preferences.training import checkpointing
 
 
 @pytest.fixture(autouse=True)
@@ -161,6 +162,42 @@ def test_reward_training(tmp_path):
     assert checkpoints.latest_checkpoint(str(reward_dir)) is not None
     assert (save_dir / 'train_reward_hparams.json').is_file()
     assert checkpoints.latest_checkpoint(str(save_dir / 'policy')) is not None
+
+
+@pytest.mark.parametrize('damage', ['state', 'checkpoint'])
+def test_a_damaged_reward_phase_is_redone_from_its_fallback_state(tmp_path, damage, capsys):
+    """A finished reward phase keeps the state before its last batch too (here its only other one): with its
+    final state or model checkpoint damaged, the rerun names it, redoes that batch from the state before,
+    to the same reward model, and the policy goes on from its own states to the same end."""
+    save_dir = tmp_path / 'run'
+    overrides = {'run.save_dir': str(save_dir), 'run.save_interval': 1, 'ppo.total_episodes': 16, **REWARD_TRAINING}
+    train_policy_test(overrides)
+    reward_dir, policy_dir = save_dir / 'reward_model', save_dir / 'policy'
+    assert checkpointing.train_state_steps(reward_dir) == [2, 1]
+    reward_model = checkpoints.load_checkpoint(str(reward_dir / 'checkpoints' / 'model-2.safetensors'))
+    policy = checkpoints.load_checkpoint(str(policy_dir / 'checkpoints' / 'model-2.safetensors'))
+    for path in [policy_dir / 'train_state' / 'state-2.json', policy_dir / 'train_state' / 'state-2.safetensors',
+                 policy_dir / 'checkpoints' / 'model-2.safetensors']:
+        path.unlink()  # the policy as killed after its state 1
+    damaged = (reward_dir / 'train_state' / 'state-2.safetensors' if damage == 'state'
+               else reward_dir / 'checkpoints' / 'model-2.safetensors')
+    data = bytearray(damaged.read_bytes())
+    data[-5] ^= 1
+    damaged.write_bytes(bytes(data))
+    capsys.readouterr()
+
+    with pytest.warns(checkpointing.CheckpointWarning, match=rf'skipping training state 2 in {reward_dir}/train_state: '
+                                                             rf'.*{damaged.name}.*(checksum|corrupt)'):
+        train_policy_test(overrides)
+    out = capsys.readouterr().out
+    assert f'train_reward: resuming from {reward_dir}/train_state/state-1.json (step 1)' in out
+    assert f'train_policy: resuming from {policy_dir}/train_state/state-1.json (step 1)' in out
+    # The same reward model, bit for bit; the policy's steps redone in this process to float rounding
+    # (so do those of an intact reward phase; tests/test_resume.py compares whole runs).
+    for before, path, tol in [(reward_model, reward_dir, 0), (policy, policy_dir, 1e-5)]:
+        after = checkpoints.load_checkpoint(str(path / 'checkpoints' / 'model-2.safetensors'))
+        assert set(after) == set(before)
+        assert all(torch.allclose(after[k], before[k], rtol=0, atol=tol) for k in before), path
 
 
 def test_reward_training_needs_the_same_task_and_a_save_dir(tmp_path):

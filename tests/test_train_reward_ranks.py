@@ -55,10 +55,10 @@ def _worker(hparams_dict, out_dir):
         record['indices'].append([[int(i) for i in rank_indices] for rank_indices in indices])
         return original['train_batch'](self, indices, lr)
 
-    def save(self):
+    def save(self, **kwargs):  # the final save comes last
         save_file({k: v.detach().cpu().clone().contiguous() for k, v in self.reward_model.state_dict().items()},
                   f'{out_dir}/final.safetensors')
-        return original['save'](self)
+        return original['save'](self, **kwargs)
 
     cls.save, cls.train_batch = save, train_batch
     try:

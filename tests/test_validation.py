@@ -41,6 +41,15 @@ CASES = [
     ('train_reward', ['--run.microbatch_size', '2'],
      'run.microbatch_size 2 is smaller than the 4 sequences of one best_of_4 label (its query with each sample), '
      'which the reward model scores in one pass: use at least 4'),
+    # numpy's seeds are 0 .. 2**32 - 1 and rank r's is seed + 100003 * r (numpy's own message named no option)
+    ('train_policy', ['--run.seed', '-1'], "hyperparameter 'run.seed' is -1: it must be from 0 to 4294967295: rank r "
+                                           "seeds numpy (0 to 2**32 - 1) with seed + 100003 * r; unset: fresh entropy"),
+    ('train_policy', ['--run.seed', '4294967295', '--mpi', '4'],
+     "hyperparameter 'run.seed' is 4294967295: it must be from 0 to 4294667286 with --mpi 4: rank r seeds numpy (0 "
+     "to 2**32 - 1) with seed + 100003 * r; unset: fresh entropy"),
+    ('train_reward', ['--run.seed', '4294967295', '--mpi', '2'],
+     "hyperparameter 'run.seed' is 4294967295: it must be from 0 to 4294867292 with --mpi 2: rank r seeds numpy (0 "
+     "to 2**32 - 1) with seed + 100003 * r; unset: fresh entropy"),
     ('train_policy', ['--ppo.batch_size', '0'], "hyperparameter 'ppo.batch_size' is 0: it must be at least 1"),
     ('train_policy', ['--ppo.nminibatches', '0'], "hyperparameter 'ppo.nminibatches' is 0: it must be at least 1"),
     ('train_policy', ['--ppo.noptepochs', '-2'], "hyperparameter 'ppo.noptepochs' is -2: it must be at least 1"),
@@ -176,6 +185,7 @@ def test_bad_hparams_are_one_line_at_launch(command, argv, message, save_dir_wit
     ['--task.query_length', '5'],  # 5 + 3 = 8 = n_ctx
     # Each fix the whitening error for --mpi 8 suggests (above) runs.
     ['--mpi', '8', '--ppo.batch_size', '64'], ['--mpi', '4'], ['--mpi', '8', '--ppo.whiten_rewards', 'false'],
+    ['--run.seed', '0'], ['--run.seed', '4294667286', '--mpi', '4'],  # the seeds of the last rank: 2**32 - 1
 ])
 def test_hparams_at_the_edges_are_accepted(argv, tmp_path, capsys, monkeypatch):
     built = []

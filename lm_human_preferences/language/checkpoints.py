@@ -167,6 +167,13 @@ def load_latest_checkpoint(dir):
     raise FileNotFoundError(f'no checkpoint in {dir}/checkpoints (expected model-<step>.safetensors)')
 
 
+def check_finite(name, value, source):
+    """Ours: a weight holding NaN or inf is one line naming it and its file as it is loaded (the run would
+    fail later, sampling, without saying which model)."""
+    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        raise ValueError(f'variable {name!r} in {source} holds non-finite values (NaN or inf): the model is broken')
+
+
 def _is_optional(key):
     return key.startswith('model.heads.') or key.startswith('reward_norm.')
 
@@ -191,5 +198,6 @@ def load_state(module, state, *, source):
         if value.shape != target.shape:
             raise ValueError(f'variable {key!r} has shape {list(value.shape)} in {source}, but the model '
                              f'(built from its hparams.json) expects {list(target.shape)}')
+        check_finite(key, value, source)
         target.copy_(value)
     return fresh

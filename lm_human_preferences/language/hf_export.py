@@ -216,12 +216,34 @@ def generation_config(encoding, task=None):
     return config
 
 
-def export(model_dir, out_dir, *, scope=None, task=None):
+# The files an export writes, but its heads' (<name>_head.safetensors).
+EXPORT_FILES = ('config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json',
+                'generation_config.json', 'lmhp_export.json')
+HEAD_SUFFIX = '_head.safetensors'
+
+
+def check_out_dir(out_dir, *, force=False):
+    """Ours: one-line errors, before any work, for a folder an export must not write: a file, or a folder
+    holding anything (old files beside the new ones would mix into the model transformers loads); sample.py
+    refuses a run's folders too. With force, an earlier export there is replaced: returns its files, to remove
+    those the new export does not write."""
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f'{out_dir} is a file: an export writes a folder')
+    present = sorted(os.listdir(out_dir)) if os.path.isdir(out_dir) else []
+    if present and not force:
+        more = f' and {len(present) - 1} more' if len(present) > 1 else ''
+        raise ValueError(f'{out_dir} is not empty (it holds {present[0]}{more}): export into a new or empty folder, '
+                         f'or add --force to replace the files an export writes there (the rest stay)')
+    return [os.path.join(out_dir, n) for n in present if n in EXPORT_FILES or n.endswith(HEAD_SUFFIX)]
+
+
+def export(model_dir, out_dir, *, scope=None, task=None, force=False):
     """Export the latest checkpoint of model_dir (one of ours, or an original TF one, converted first)
-    to out_dir, with its tokenizer; task: the run's TaskHParams, for the sampling defaults. Returns the
-    list of files written."""
+    to out_dir, with its tokenizer; task: the run's TaskHParams, for the sampling defaults; force: replace
+    an earlier export in out_dir (check_out_dir). Returns the list of files written."""
     from safetensors.torch import save
 
+    earlier = check_out_dir(out_dir, force=force)
     m = trained_models.TrainedModel(model_dir, savedir=model_dir, scope=scope)
     source = m.checkpoint()
     hparams = m.hparams()
@@ -234,7 +256,7 @@ def export(model_dir, out_dir, *, scope=None, task=None):
     files.atomic_write(written[0], (json.dumps(gpt2_config(hparams, m.encoding), indent=2) + '\n').encode())
     files.atomic_write(written[1], save(transformer, metadata={'format': 'pt'}))
     for name, tensors in sorted(heads.items()):
-        written.append(os.path.join(out_dir, f'{name}_head.safetensors'))
+        written.append(os.path.join(out_dir, name + HEAD_SUFFIX))
         files.atomic_write(written[-1], save(tensors, metadata={'format': 'pt'}))
     tokenizer = tokenizer_files(m.encoding, hparams)
     tokenizer['generation_config.json'] = json.dumps(generation_config(m.encoding, task), indent=2)
@@ -244,6 +266,8 @@ def export(model_dir, out_dir, *, scope=None, task=None):
     info = dict(source=os.path.abspath(source), encoding=m.encoding.name, heads=sorted(heads))
     written.append(os.path.join(out_dir, 'lmhp_export.json'))
     files.atomic_write(written[-1], (json.dumps(info, indent=2) + '\n').encode())
+    for path in set(earlier) - set(written):  # an earlier export's heads that this model lacks
+        os.remove(path)
     return written
 
 

@@ -27,13 +27,24 @@ TOKENIZER_FILES = ('tokenizer.json', 'vocab.json', 'merges.txt')
 HUB_FILES = ['config.json', WEIGHTS, WEIGHTS_INDEX, 'model-*-of-*.safetensors', *TOKENIZER_FILES,
              '*_head.safetensors']
 _HEAD_SUFFIX = '_head.safetensors'
+_PICKLED = ('pytorch_model.bin', 'tf_model.h5')  # transformers' weights that we do not load
 # transformers' attention buffers (the causal mask), saved by older versions: nothing to convert.
 _BUFFERS = ('.attn.bias', '.attn.masked_bias')
 
 
 def is_hf_folder(path):
-    """A Hugging Face model folder: config.json, and no hparams.json (ours and the original's model dirs)."""
-    return os.path.isfile(os.path.join(path, 'config.json')) and not os.path.isfile(os.path.join(path, 'hparams.json'))
+    """A Hugging Face model folder: config.json or transformers' weights, and no hparams.json (ours and the
+    original's model dirs)."""
+    return (any(os.path.isfile(os.path.join(path, f)) for f in ('config.json', WEIGHTS, WEIGHTS_INDEX, *_PICKLED))
+            and not os.path.isfile(os.path.join(path, 'hparams.json')))
+
+
+def _config_path(folder):
+    path = os.path.join(folder, 'config.json')
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f'{folder} holds a Hugging Face model without its config.json (the GPT2Config, which '
+                                f'save_pretrained writes beside the weights): copy it there')
+    return path
 
 
 def is_hub_name(name):
@@ -55,11 +66,15 @@ def download(repo_id):
 
 
 def _read_json(path):
+    """The JSON object (every file read here holds one) in path."""
     try:
         with open(path) as f:
-            return json.load(f)
+            value = json.load(f)
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f'{path} is not valid JSON: {e}') from None
+    if not isinstance(value, dict):
+        raise ValueError(f'{path} holds a JSON {type(value).__name__}: it must hold an object ({{"name": value, ...}})')
+    return value
 
 
 # GPT2Config's fields that our Model fixes: (field, GPT2Config's default, the values our Model computes).
@@ -76,7 +91,7 @@ _FIXED = [
 def read_hparams(folder):
     """Our model HParams from a folder's config.json (GPT2Config's defaults where a field is absent);
     a ValueError naming the field where it describes a model ours is not."""
-    path = os.path.join(folder, 'config.json')
+    path = _config_path(folder)
     config = _read_json(path)
     if config.get('model_type') != 'gpt2':
         raise ValueError(f"{path}: model_type {config.get('model_type')!r} is not GPT-2 ('gpt2'): only a GPT-2 can be "
@@ -149,7 +164,7 @@ def _weight_files(folder):
         return [os.path.join(folder, WEIGHTS)]
     if os.path.isfile(index):
         return [os.path.join(folder, f) for f in sorted(set(_read_json(index).get('weight_map', {}).values()))]
-    pickled = [f for f in ('pytorch_model.bin', 'tf_model.h5') if os.path.isfile(os.path.join(folder, f))]
+    pickled = [f for f in _PICKLED if os.path.isfile(os.path.join(folder, f))]
     raise FileNotFoundError(
         f'{folder} has no {WEIGHTS}' + (f' (only {pickled[0]}, which we do not load: a pickle can run code; save the '
                                         f'model with save_pretrained, which writes safetensors)' if pickled else ''))
@@ -157,18 +172,23 @@ def _weight_files(folder):
 
 def source_files(folder):
     """Every file a conversion of folder reads (the converted cache is keyed by them)."""
+    _config_path(folder)  # a folder without it: one line, not a file missing from the cache key
     names = ['config.json', *(f for f in TOKENIZER_FILES if os.path.isfile(os.path.join(folder, f)))]
     heads = sorted(f for f in os.listdir(folder) if f.endswith(_HEAD_SUFFIX))
     return [os.path.join(folder, n) for n in names + heads] + _weight_files(folder)
 
 
 def _load(path):
+    """The tensors of a safetensors file, each finite (checkpoints.check_finite)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     try:
-        return load_file(path)
+        tensors = load_file(path)
     except (SafetensorError, OSError, ValueError) as e:
         raise ValueError(f'{path} is not a valid safetensors file: {e}') from None
+    for name, value in tensors.items():
+        checkpoints.check_finite(name, value, path)
+    return tensors
 
 
 def read_state(folder, hparams):

@@ -368,10 +368,11 @@ def referenced_checkpoint_steps(save_dir):
     return steps
 
 
-def _choose_train_state(save_dir):
-    """(step, sidecar) of the newest verified state, warning about each newer one skipped; None if none."""
+def _choose_train_state(save_dir, at_most=None):
+    """(step, sidecar) of the newest verified state, warning about each newer one skipped; None if none.
+    at_most: the newest verified state at or before it, if one is (else the newest verified)."""
     state_dir = os.path.join(save_dir, TRAIN_STATE_SUBDIR)
-    skipped = []
+    skipped, passed_over = [], None
     for step in train_state_steps(save_dir):
         try:
             sidecar = _verified_sidecar(state_dir, step)
@@ -379,7 +380,11 @@ def _choose_train_state(save_dir):
             warnings.warn(f'skipping training state {step} in {state_dir}: {e}', CheckpointWarning, stacklevel=3)
             skipped.append(step)
             continue
-        return step, sidecar
+        if at_most is None or step <= at_most:
+            return step, sidecar
+        passed_over = passed_over or (step, sidecar)
+    if passed_over:
+        return passed_over
     if skipped:
         raise CheckpointError(f'no valid training state in {state_dir}: every one (steps {skipped}) is corrupt; '
                               f'move the directory away to start afresh')
@@ -401,9 +406,11 @@ def _check_keys(source, what, loaded: dict, expected: dict):
 
 
 def load_latest_train_state(save_dir, *, modules: Dict[str, torch.nn.Module], optimizer,
-                            samplers: Optional[Dict[str, CountingSampler]] = None) -> Optional[TrainState]:
+                            samplers: Optional[Dict[str, CountingSampler]] = None,
+                            at_most: Optional[int] = None) -> Optional[TrainState]:
     """Restore the newest valid training state of save_dir into modules, optimizer, samplers (replayed to
     their saved positions) and random streams (each rank its own, last); None when save_dir has none.
+    at_most (read on process 0): the newest valid one at or before that step, where there is one.
 
     Collective over processes, outside the rank sections: process 0 picks the state (verifying
     checksums, warning about skipped ones) and tells the others, which then read the same files (the
@@ -416,7 +423,7 @@ def load_latest_train_state(save_dir, *, modules: Dict[str, torch.nn.Module], op
     chosen = None
     if core.is_root() and save_dir:
         try:
-            chosen = _choose_train_state(save_dir)
+            chosen = _choose_train_state(save_dir, at_most)
         except CheckpointError as e:
             chosen = e  # raised on every rank below, so that none waits for the others
     chosen = core.mpi_bcast(chosen)

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import sys
+import warnings
 
 STATS_FILES = dict(reward='train_reward_stats.jsonl', policy='train_policy_stats.jsonl')
 HPARAMS_FILES = dict(reward='train_reward_hparams.json', policy='train_policy_hparams.json')
@@ -33,21 +34,46 @@ REWARD_PANELS = [
 ]
 
 
+class StatsWarning(UserWarning):
+    """The last line of a stats file is no complete row (an append cut off by a kill, a full disk or a power
+    cut): dropped."""
+
+
+def read_rows(path):
+    """[(line, row)] of a stats JSONL file, in order: each row a dict with an int "step". The stats are
+    derived data: the last line, when it is no complete row (no newline at its end: our appends write it
+    last; not JSON; no step), is dropped with a StatsWarning. Any other such line is damage no append
+    leaves: a ValueError naming the file, the line and the fix."""
+    with open(path, 'rb') as f:
+        lines = f.readlines()  # split at b'\n' alone (bytes.splitlines also splits a torn tail at b'\r')
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        row, why = None, 'not an object with an integer "step"'
+        try:
+            row = json.loads(line) if line.endswith(b'\n') else None
+        except json.JSONDecodeError as e:
+            why = f'not valid JSON ({e})'
+        except UnicodeDecodeError:
+            why = 'not UTF-8 text'
+        if isinstance(row, dict) and isinstance(row.get('step'), int):
+            rows.append((line, row))
+        elif i == len(lines) - 1:
+            warnings.warn(f'{path}: dropping its last line, which is no complete stats row (an append cut off by '
+                          f'a kill or a full disk): {line[:60]!r}', StatsWarning, stacklevel=2)
+        else:
+            raise ValueError(f'{path} line {i + 1} is {why}, with lines after it (no append leaves that): delete '
+                             f'that line and rerun (the stats are derived data: only its curve point is lost)')
+    return rows
+
+
 def read_stats(path):
-    """{metric: ([steps], [values])} from a stats JSONL file, steps increasing. A step logged twice
-    (a resumed run logs again from its checkpoint) keeps its last value."""
+    """{metric: ([steps], [values])} from a stats JSONL file (read_rows), steps increasing. A step logged
+    twice (a resumed run logs again from its checkpoint) keeps its last value."""
     by_step = {}
-    with open(path) as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f'{path} line {i + 1} is not valid JSON: {e.msg}') from None
-            if not isinstance(row, dict) or 'step' not in row:
-                raise ValueError(f'{path} line {i + 1}: expected an object with a "step" key')
-            by_step.setdefault(int(row['step']), {}).update(row)
+    for _, row in read_rows(path):
+        by_step.setdefault(row['step'], {}).update(row)
     series = {}
     for step in sorted(by_step):
         for k, v in by_step[step].items():
@@ -204,19 +230,21 @@ def _draw(panels, out, *, title):
     return out
 
 
-def plot_learning_curves(save_dir):
+def plot_learning_curves(save_dir, kinds=('reward', 'policy')):
     """Write train_reward_curves.png / train_policy_curves.png into save_dir for the stats files it
-    holds; returns the paths written. Raises FileNotFoundError when it holds neither stats file."""
+    holds (of kinds: a trainer draws its own); returns the paths written. Raises FileNotFoundError when it
+    holds neither stats file."""
     written = []
-    for kind in ('reward', 'policy'):
+    for kind in kinds:
         panels = _panels(save_dir, kind)
         if panels:
             title = f"{'train_reward' if kind == 'reward' else 'train_policy'}: {os.path.normpath(save_dir)}"
             written.append(_draw(panels, os.path.join(save_dir, PNG_FILES[kind]), title=title))
         elif panels is not None:
             print(f'plots: {os.path.join(save_dir, STATS_FILES[kind])} has none of the plotted metrics', file=sys.stderr)
-    if not written and all(_panels(save_dir, k) is None for k in STATS_FILES):
-        raise FileNotFoundError(f'no stats to plot in {save_dir}: expected {" or ".join(STATS_FILES.values())}')
+    if not written and all(_panels(save_dir, k) is None for k in kinds):
+        expected = ' or '.join(STATS_FILES[k] for k in kinds)
+        raise FileNotFoundError(f'no stats to plot in {save_dir}: expected {expected}')
     return written
 
 

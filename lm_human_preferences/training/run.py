@@ -5,9 +5,14 @@ could not resume). `train_reward` and `train_policy` use one `Run` the same way:
                                                # checked against a run already there, then written
         ... build the models, as the original ...
         state = run.resume(modules=..., optimizer=..., samplers=..., model=...)  # newest valid state or None
-        with run.training(step=lambda: step, save=...):  # Ctrl-C, errors, final save, curves, summary
+        with run.training(step=lambda: step, save=...):  # stop signals, errors, final save, curves, summary
             ... the original's loop, logging through run.stats.log(stats, step) and calling
-            run.save(step, extra=...) every run.save_interval steps ...
+            run.save(step, extra=...) after each step where run.save_due(step) ...
+
+A stop signal (Ctrl-C, SIGTERM, SIGUSR1: a scheduler's) in launch.py's processes (stopping_on_signals) waits
+for the loop's next step boundary: every process saves that step, the process that carries rank 0 says in
+one line where it stopped and how to resume, and each exits with 128 + the signal's number. Outside a
+training loop, and at a second Ctrl-C, the run stops at once (what it saved before stays).
 
 What a save dir holds for a trainer (<scope> is `reward_model` or `policy`):
 
@@ -21,9 +26,11 @@ What a save dir holds for a trainer (<scope> is `reward_model` or `policy`):
     <save_dir>/<scope>/train_state/          training states for resuming (training/checkpointing.py)
 
 One rewind rule for every stats sink: a run resumed at step M logs steps M, M+1, ... again, so the
-JSONL lines from step M on are dropped (and a last line cut off by a kill, with a warning) and
-TensorBoard hides its events from step M on (purge_step); a run that had saved no state yet starts
-from step 0 and drops all of them. wandb cannot delete points: a resumed run continues the same wandb
+JSONL lines from step M on are dropped (and a last line cut off by a kill or a full disk, with a warning;
+a damaged line before others stops the run as it opens, in one line) and TensorBoard hides its events
+from step M on (purge_step); a run that had saved no state yet starts from step 0 and drops all of them.
+A state past the end of the JSONL (its last rows lost) gives way to a kept state before them, so that the
+log ends as an uninterrupted run's. wandb cannot delete points: a resumed run continues the same wandb
 run, which keeps the first value of each step (the redone steps compute the same values: resuming is
 exact).
 """
@@ -32,6 +39,7 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -43,7 +51,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 from lm_human_preferences.language import checkpoints
-from lm_human_preferences.utils import core, extras, files, hyperparams, ranks
+from lm_human_preferences.utils import core, extras, files, hyperparams, ranks, stopping
 from lm_human_preferences.training import checkpointing, plots
 
 SCOPES = dict(train_reward='reward_model', train_policy='policy')
@@ -59,10 +67,6 @@ SUMMARY_METRICS = dict(train_reward=('loss', 'eval/loss', 'eval/accuracy'),
 
 class SaveDirInUseError(OSError):
     """Another process holds the save dir's lock (an OSError: launch.py reports it in one line)."""
-
-
-class StatsWarning(UserWarning):
-    """A stats file line that was cut off by a kill (dropped)."""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -109,6 +113,19 @@ def _locked(save_dir):
             f.close()
 
 
+def run_folder_of(path):
+    """The run's folder that holds path (path itself or a folder above it: a save dir, holding a trainer's
+    <kind>_hparams.json, or a model dir, holding train_state/) and what shows it, or None."""
+    path = os.path.realpath(path)
+    while True:
+        for mark in [f'{kind}_hparams.json' for kind in SCOPES] + [checkpointing.TRAIN_STATE_SUBDIR]:
+            if os.path.exists(os.path.join(path, mark)):
+                return path, mark
+        if os.path.dirname(path) == path:
+            return None
+        path = os.path.dirname(path)
+
+
 def _remove_temporaries(save_dir):
     """Temporary files (`*.tmp-<pid>`) that killed writers left anywhere in the save dir: with the lock
     held no writer of ours is at work there."""
@@ -137,7 +154,20 @@ class StatsLog:
         self.wandb_run = None
         self.summary_writer = None
         self.purge_step = None
+        self.rows = None  # [(line, row)] of the stats file as the run opened (read), on rank 0's process
         self.last = {}  # the last value of each metric logged
+
+    def read(self):
+        """Read the stats file, as the run opens (a damaged line stops it before any work: plots.read_rows)."""
+        if self.jsonl_path and os.path.exists(self.jsonl_path):
+            self.rows = plots.read_rows(self.jsonl_path)
+
+    def next_step(self):
+        """The step after the last one logged (0: none); None without a stats file. A training state past it
+        would leave the log without the steps between (their rows lost, e.g. cut off by a power cut)."""
+        if self.rows is None:
+            return None
+        return self.rows[-1][1]['step'] + 1 if self.rows else 0
 
     def log(self, stats, step, *, log_interval=None):
         """Log stats (name -> scalar, already averaged over ranks) at step; returns them as floats."""
@@ -158,23 +188,12 @@ class StatsLog:
         return stats
 
     def rewind(self, step):
-        """The run goes on from `step`: forget what the interrupted run logged at `step` and after."""
+        """The run goes on from `step` (None: a finished run, which logs nothing more): forget what the
+        interrupted run logged at `step` and after, and a last line cut off (read dropped it)."""
         self.purge_step = step
-        if core.is_root() and self.jsonl_path and os.path.exists(self.jsonl_path):
-            with open(self.jsonl_path, 'rb') as f:
-                lines = f.read().splitlines(keepends=True)
-            keep = []
-            for line in lines:
-                try:
-                    row = json.loads(line) if line.endswith(b'\n') else None
-                except ValueError:
-                    row = None
-                if not isinstance(row, dict):
-                    warnings.warn(f'{self.jsonl_path}: dropping a line that is not a stats row (cut off by a '
-                                  f'kill?): {line[:80]!r}', StatsWarning, stacklevel=2)
-                elif row.get('step', step) < step:
-                    keep.append(line)
-            if len(keep) != len(lines):
+        if core.is_root() and self.rows is not None:
+            keep = [line for line, row in self.rows if step is None or row['step'] < step]
+            if sum(map(len, keep)) != os.path.getsize(self.jsonl_path):
                 files.atomic_write(self.jsonl_path, b''.join(keep))
 
     def close(self):
@@ -264,7 +283,10 @@ class Run:
         self.saved_step = None  # the step of the newest training state
         self.saved_model_step = None  # and of the newest model checkpoint this run wrote
         self.tracked = None  # what save() saves: set by resume()
+        self._stopping = 0  # the stop signal every process agreed on at the last step boundary (save_due)
         self._lock = contextlib.ExitStack()
+        self.stats = StatsLog(save_dir=self.save_dir, kind=kind, log_interval=hparams.run.log_interval,
+                              wandb_init=partial(_wandb_run, hparams, kind) if hparams.run.wandb else None)
         error = None
         if self.save_dir and core.is_root():
             try:
@@ -276,16 +298,15 @@ class Run:
                 os.makedirs(self.model_dir, exist_ok=True)
                 self._lock.enter_context(_locked(self.save_dir))
                 _remove_temporaries(self.save_dir)
+                self.stats.read()
                 if not existing:
                     hyperparams.save_json(hparams, os.path.join(self.save_dir, f'{kind}_hparams.json'))
-            except (OSError, SaveDirInUseError, checkpointing.IncompatibleRunError) as e:
+            except (OSError, ValueError) as e:  # SaveDirInUseError, IncompatibleRunError, a damaged stats line
                 self._lock.close()
                 error = (type(e).__name__, _one_line(e, self.save_dir))
         error = core.mpi_bcast(error)
         if error is not None:
             raise (SaveDirInUseError if error[0] == 'SaveDirInUseError' else ValueError)(error[1])
-        self.stats = StatsLog(save_dir=self.save_dir, kind=kind, log_interval=hparams.run.log_interval,
-                              wandb_init=partial(_wandb_run, hparams, kind) if hparams.run.wandb else None)
         if core.is_root():
             self._print_summary()
 
@@ -296,8 +317,11 @@ class Run:
         """Whether the run saved a training state or a model checkpoint (its model dir has one)."""
         return bool(checkpointing.train_state_steps(self.model_dir) or checkpoints.checkpoint_steps(self.model_dir))
 
-    def __exit__(self, *exc):
-        """Close the stats sinks and release the save dir."""
+    def __exit__(self, exc_type, exc, tb):
+        """Close the stats sinks and release the save dir; a stop signal outside the training loop is one
+        line too."""
+        if isinstance(exc, stopping.Stopped) and not exc.reported:
+            self._report_stop(exc, None)
         self.stats.close()
         self._lock.close()
 
@@ -351,27 +375,49 @@ class Run:
     def resume(self, *, modules: Dict[str, torch.nn.Module], optimizer, samplers=None, model=None):
         """Restore the newest valid training state of the save dir, if any (see training/checkpointing.py),
         and remember what save() saves: modules, optimizer, samplers, and model = (module, model hparams,
-        encoding) for the model checkpoint. Returns the TrainState or None. Collective."""
+        encoding) for the model checkpoint. A state past the end of the stats log (the rows between lost:
+        cut off) gives way to a kept one before it, whose steps redone log them again. Returns the
+        TrainState or None. Collective."""
+        logged = self.stats.next_step()
         state = checkpointing.load_latest_train_state(self.model_dir, modules=modules, optimizer=optimizer,
-                                                      samplers=samplers) if self.save_dir else None
+                                                      samplers=samplers, at_most=logged) if self.save_dir else None
         self.tracked = dict(modules=modules, optimizer=optimizer, samplers=samplers or {}, model=model,
                             start=state.step if state else 0)
         self.saved_step = state.step if state else None
         done = bool(state and state.extra.get('done'))
-        if self.save_dir and not done:  # a finished run redoes nothing
-            self.stats.rewind(state.step if state else 0)
+        if self.save_dir:
+            self.stats.rewind(None if done else state.step if state else 0)  # a finished run redoes nothing
         if state and core.is_root():
-            print(f'{self.kind}: resuming from {state.path} (step {state.step}{", already finished" if done else ""})')
+            newest = checkpointing.train_state_steps(self.model_dir)[0]
+            note = (f'; {self.stats.jsonl_path} ends before step {newest}: the steps from {state.step} are redone '
+                    f'to log them again' if logged is not None and state.step <= logged < newest else '')
+            print(f'{self.kind}: resuming from {state.path} (step {state.step}{", already finished" if done else ""}'
+                  f'{note})')
+            if logged is not None and logged < state.step:
+                warnings.warn(f'{self.stats.jsonl_path}: the rows of steps {logged} to {state.step - 1} are lost and '
+                              f'no training state before them is kept: the log lacks them', plots.StatsWarning)
         return state
 
     def save(self, step, *, extra, model=True, done=False):
         """Save the training state after `step` steps (with extra, the trainer's own state, and done: whether
         the run has finished) and, with model, the model checkpoint of that step, which the state refers to
         instead of holding the weights a second time; keep run.keep_checkpoints model checkpoints. Nothing
-        non-finite is ever saved. Collective; between steps only."""
-        if not self.save_dir or (self.saved_step == step and self.saved_model_step == (step if model else None)
-                                 and not done):
-            return  # this step is saved already
+        non-finite is ever saved. Then, when save_due agreed on a stop signal and the run is not done, raises
+        Stopped. Collective; between steps only."""
+        if self.save_dir and not (self.saved_step == step and not done
+                                  and self.saved_model_step == (step if model else None)):  # not saved already
+            self._save(step, extra=extra, model=model, done=done)
+        if self._stopping and not done:
+            raise stopping.Stopped(self._stopping)
+
+    def save_due(self, step):
+        """Whether the trainer saves after `step` steps: every run.save_interval steps, and at once when a stop
+        signal reached any process (the save then ends the run). Collective: every process calls it after
+        every step."""
+        self._stopping = stopping.stop_signal_of_any_process()
+        return step % self.hparams.run.save_interval == 0 or bool(self._stopping)
+
+    def _save(self, step, *, extra, model, done):
         modules = self.tracked['modules']
         for name, module in modules.items():
             core.check_finite(step, **{f'{name} parameters': torch.stack(
@@ -409,28 +455,53 @@ class Run:
     @contextlib.contextmanager
     def training(self, *, step: Callable[[], int], save: Optional[Callable[[], None]] = None):
         """The trainer's loop runs in this block; step() tells where it is. On success: save() (the final
-        save), the learning curves, a summary. On Ctrl-C: one line saying where it stopped and where a rerun
-        resumes. On a non-finite value or a failed save: nothing more is written. On other errors: the
-        model checkpoint of the weights reached (save_model_at_exit)."""
-        try:
-            yield
-            if save is not None:
-                save()
-        except KeyboardInterrupt:
-            if core.is_root():
-                resume = (f'from step {self.saved_step}' if self.saved_step is not None else 'from the start')
-                print(f'\n{self.kind} stopped by Ctrl-C at step {step()}; rerunning the same command resumes '
-                      f'{resume}' + (f' ({self.model_dir}/train_state)' if self.saved_step is not None else ''),
-                      file=sys.stderr)
-            raise
-        except (core.NonFiniteError, checkpointing.CheckpointWriteError):
-            raise  # nothing more is written: no non-finite values, and a failed save would only fail again
-        except BaseException:
-            self.save_model_at_exit(step())
-            raise
+        save), the learning curves, a summary. A stop signal (stopping_on_signals) waits for the loop's next
+        step boundary (save_due), or the block's end, and is one line saying where the run stopped and how a
+        rerun resumes; a second Ctrl-C stops at once. On a non-finite value or a failed save: nothing more is
+        written. On other errors: the model checkpoint of the weights reached (save_model_at_exit)."""
+        with stopping.deferred():
+            try:
+                yield
+                if save is not None:
+                    save()
+            except KeyboardInterrupt as e:  # Stopped, or Ctrl-C's own where no handler is installed
+                self._report_stop(e, step())
+                raise
+            except (core.NonFiniteError, checkpointing.CheckpointWriteError):
+                raise  # nothing more is written: no non-finite values, and a failed save would only fail again
+            except BaseException:
+                self.save_model_at_exit(step())
+                raise
         if self.save_dir and core.is_root():
-            plots.plot_learning_curves(self.save_dir)
+            plots.plot_learning_curves(self.save_dir, kinds=(self.kind[len('train_'):],))
             print(self.summary(step()))
+        signum = stopping.stop_signal_of_any_process()
+        if signum:  # it came after the last step boundary: the run finished first
+            e = stopping.Stopped(signum)
+            self._report_stop(e, step())
+            raise e
+
+    def _report_stop(self, e: KeyboardInterrupt, step):
+        """The one line of a stop at `step` (None: outside the training loop): where, and how a rerun resumes
+        (on the process carrying rank 0)."""
+        signum = getattr(e, 'signum', signal.SIGINT)
+        e.reported = True
+        if not core.is_root():
+            return
+        # after Ctrl-C's ^C, on a line of its own
+        stopped = ('\n' if signum == signal.SIGINT else '') + f'{self.kind} stopped by {stopping.signal_name(signum)}'
+        state = os.path.join(self.model_dir or '', checkpointing.TRAIN_STATE_SUBDIR, f'state-{self.saved_step}.json')
+        resume = (f'from step {self.saved_step} ({state})' if self.saved_step is not None
+                  else 'from the start' if self.tracked is not None else 'where it left off')
+        if not self.save_dir:
+            line = f'{stopped} (no run.save_dir: nothing is saved)'
+        elif step is None:
+            line = f'{stopped} outside its training loop; rerunning the same command resumes {resume}'
+        elif self.saved_step == step:
+            line = f'{stopped} after {step} steps, all saved; rerunning the same command resumes there ({state})'
+        else:
+            line = f'{stopped} during step {step} (not saved); rerunning the same command resumes {resume}'
+        print(line, file=sys.stderr)
 
     def summary(self, step):
         """The end-of-run lines: final metrics, wall time, where everything is and what to run next."""

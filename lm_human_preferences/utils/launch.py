@@ -8,9 +8,11 @@ start the workers with torch.multiprocessing.spawn and join them in a torch.dist
 instead, whose processes carry the ranks. The command line is parsed by `main` below (no `fire`).
 """
 
+import contextlib
 import ctypes
 import inspect
 import json
+import multiprocessing.connection
 import os
 import signal
 import socket
@@ -25,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lm_human_preferences.utils import core, extras, gcs, ranks
+from lm_human_preferences.utils import core, extras, gcs, ranks, stopping
 
 
 class ConfigError(Exception):
@@ -55,13 +57,18 @@ def _run_in_group(f, mpi):
         torch.cuda.set_device(int(os.environ.get('LOCAL_RANK', '0')))
     dist.init_process_group(backend=backend)
     _joined_group = True
-    with ranks.carry(mpi):
-        f()
+    _run_ranks(f, mpi)
     # Only on success: after a failure a peer may be stuck in a collective, and tearing the group down
     # could block; the parent kills the workers instead. The barrier first, so that no process tears
     # down its connections while a peer still finishes its last collective.
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _run_ranks(f, mpi):
+    """f() as this process's share of the `mpi` ranks; a stop signal ends it cleanly (utils/stopping.py)."""
+    with ranks.carry(mpi), stopping.stopping_on_signals():
+        f()
 
 
 def exit_without_finalizing(code):
@@ -107,7 +114,7 @@ def reuse_freed_memory():
 # first one.
 INPUT_ERRORS = (gcs.DownloadError, OSError, ValueError, FloatingPointError, extras.MissingExtra)
 _ERROR_EXIT = 3  # a worker's exit code after it wrote its error report
-_INTERRUPTED_EXIT = 130  # after Ctrl-C
+_STOPPED_EXITS = {stopping.exit_code(stopping.Stopped(signum)): signum for signum in stopping.STOP_SIGNALS}
 
 
 class WorkerInputError(RuntimeError):
@@ -135,6 +142,9 @@ def one_line_warnings():
 
 def _worker(local_rank, world_size, port, f, mpi, error_dir):
     _die_with_parent()
+    # A process group of its own: a terminal's Ctrl-C reaches the launcher alone, which passes each stop
+    # signal on once (a second Ctrl-C would stop the worker at once).
+    os.setpgrp()
     one_line_warnings()
     os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(local_rank),
                       LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
@@ -144,8 +154,8 @@ def _worker(local_rank, world_size, port, f, mpi, error_dir):
     reuse_freed_memory()
     try:
         _run_in_group(f, mpi)
-    except KeyboardInterrupt:
-        exit_without_finalizing(_INTERRUPTED_EXIT)  # the trainer said where it stopped (training/run.py)
+    except KeyboardInterrupt as e:
+        exit_without_finalizing(stopping.exit_code(e))  # one line said where it stopped (utils/stopping.py)
     except BaseException as e:
         # For the launcher, which reports the first error: when one worker fails, its peers fail next in a
         # collective (connection closed), and only the first one says why.
@@ -194,7 +204,8 @@ def launch(name, f, *, mpi=1, procs=None) -> None:
 
     procs=1 runs f in this process with no group. Under torchrun (WORLD_SIZE set) f runs in this process
     inside torchrun's group, whose processes carry the ranks. If a worker raises, the others are killed
-    and a torch.multiprocessing.ProcessRaisedException carrying the worker's traceback is raised here.
+    and WorkerInputError (its one line) or WorkerFailed (its traceback) is raised here; a stop signal
+    stops them all, saved, and raises stopping.Stopped.
     """
     if procs is None:
         procs = default_procs(mpi)
@@ -204,31 +215,70 @@ def launch(name, f, *, mpi=1, procs=None) -> None:
             raise ConfigError(f'{name}: --procs {procs}, but torchrun started {os.environ["WORLD_SIZE"]} processes')
         check_ranks(name, mpi, procs)
         if dist.is_initialized():
-            with ranks.carry(mpi):
-                f()
+            _run_ranks(f, mpi)
         else:
             _run_in_group(f, mpi)
         return
     check_ranks(name, mpi, procs)
     if procs == 1:
-        with ranks.carry(mpi):
-            f()
+        _run_ranks(f, mpi)
         return
     # spawn (not fork): each worker starts a fresh interpreter, safe with CUDA and threads.
     with tempfile.TemporaryDirectory(prefix='lmhp-errors-') as error_dir:
-        try:
-            mp.spawn(_worker, args=(procs, _free_port(), f, mpi, error_dir), nprocs=procs, join=True)
-        except mp.ProcessExitedException as e:
-            if e.exit_code == _INTERRUPTED_EXIT:
-                raise KeyboardInterrupt from None
+        workers = mp.start_processes(_worker, args=(procs, _free_port(), f, mpi, error_dir), nprocs=procs,
+                                     join=False, start_method='spawn').processes
+        with _passing_stop_signals_to(workers):
+            code = _join(workers)
+        if code in _STOPPED_EXITS:  # the worker carrying rank 0 said where it stopped
+            raise stopping.Stopped(_STOPPED_EXITS[code], reported=True)
+        if code:
             reports = []
             for name in os.listdir(error_dir):
                 with open(os.path.join(error_dir, name)) as report:
                     reports.append(json.load(report))
             if not reports:
-                raise
+                raise WorkerFailed(f'a worker process ended with exit code {code}' if code > 0 else
+                                   f'a worker process was killed by {signal.Signals(-code).name}')
             first = min(reports, key=lambda r: r['time'])
-            raise (WorkerInputError if first['input'] else WorkerFailed)(first['message']) from None
+            raise (WorkerInputError if first['input'] else WorkerFailed)(first['message'])
+
+
+_STOP_GRACE_S = 60  # how long workers may take to stop after the first stopped on a signal
+
+
+def _join(processes):
+    """Wait for the worker processes; the exit code of the first that failed, 0 if none did. The others are
+    then killed at once (those waiting for it in a collective would wait forever), or when it stopped on a
+    signal, after _STOP_GRACE_S: they save and stop by themselves (utils/stopping.py)."""
+    running, first, deadline = list(processes), 0, None
+    while running:
+        multiprocessing.connection.wait([p.sentinel for p in running],
+                                        timeout=None if deadline is None else max(0.0, deadline - time.time()))
+        for p in [p for p in running if p.exitcode is not None]:
+            running.remove(p)
+            if p.exitcode and not first:
+                first = p.exitcode
+                deadline = time.time() + (_STOP_GRACE_S if first in _STOPPED_EXITS else 0)
+        if deadline is not None and time.time() >= deadline:
+            for p in running:
+                p.kill()
+    return first
+
+
+@contextlib.contextmanager
+def _passing_stop_signals_to(processes):
+    """In the block, the launcher passes each stop signal it gets on to the workers (in process groups of
+    their own) and goes on waiting for them: they save and stop (utils/stopping.py)."""
+    def pass_on(signum, frame):
+        for p in processes:
+            if p.exitcode is None:
+                os.kill(p.pid, signum)
+    previous = {signum: signal.signal(signum, pass_on) for signum in stopping.STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def launch_trials(name, fn, trials, hparam_class, extra_hparams=None, dry_run=False, mpi=1, procs=None,
@@ -454,9 +504,9 @@ def main(commands_dict, argv=None):
             raise
         print(f'error: {e}', file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(_INTERRUPTED_EXIT)  # the trainer said where it stopped and how to resume (training/run.py)
-    except (WorkerFailed, mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+    except KeyboardInterrupt as e:
+        sys.exit(stopping.exit_code(e))  # one line said where it stopped and how to resume (utils/stopping.py)
+    except WorkerFailed as e:
         # A bug: the message holds the failing worker's traceback; the launcher's own stack adds nothing.
         print(f'error: a worker failed:\n{e}', file=sys.stderr)
         sys.exit(1)

@@ -369,11 +369,11 @@ class OursImpl:
             return self.reward_model.get_rewards(rollouts['queries'], rollouts['responses'])
 
     def line_train(self, rollouts, bf16):
-        self.trainer.bf16 = bf16
+        self.trainer.execution = dataclasses.replace(self.trainer.execution, bf16=bf16)
         return self.trainer.train_minibatch(rollouts)  # one rank: this process carries one
 
     def line_ppo_update(self, rollouts, bf16):
-        self.trainer.bf16 = bf16
+        self.trainer.execution = dataclasses.replace(self.trainer.execution, bf16=bf16)
         self._queries = rollouts['queries']
         return self.trainer.step()
 

@@ -192,7 +192,7 @@ def main():
                                    trial.get('ppo.noptepochs', 4)), 'ppo_update')
     timed = [t for i, t in enumerate(step_times[1:], start=2) if i != args.profile]  # not the profiled update
     if not timed:
-        sys.exit(f'train_timing: no update left to time besides the first and the profiled one: run more --updates')
+        sys.exit('train_timing: no update left to time besides the first and the profiled one: run more --updates')
     per_update = sum(timed) / len(timed)
     result = dict(
         exp=args.exp, model=args.model, shape=m, dtype='bf16' if bf16 else 'fp32', microbatch=args.microbatch,

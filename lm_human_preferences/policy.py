@@ -3,6 +3,7 @@
 import torch
 from torch import nn
 
+from lm_human_preferences import lm_tasks
 from lm_human_preferences.language import bf16, model, sample
 from lm_human_preferences.utils import core as utils
 
@@ -30,6 +31,14 @@ class Policy(nn.Module):
         # (the trainers still broadcast with utils.sync_params, which matters for 'test' models).
         self.trained_model.init_model(self)
 
+    @classmethod
+    def for_task(cls, trained_model, task, *, scope=None):
+        """Ours: the policy of a task (lm_tasks.TaskHParams), with its query formatting and temperature: the
+        original wrote this out wherever it made a policy."""
+        return cls(trained_model, scope=scope,
+                   embed_queries=lm_tasks.query_formatter(task, trained_model.encoding.get_encoder()),
+                   temperature=task.policy.temperature)
+
     def get_encoder(self):
         return self.encoder
 
@@ -46,15 +55,18 @@ class Policy(nn.Module):
         }
 
     @torch.no_grad()
-    def respond(self, queries, length, generator=None, microbatch_size=None, uniforms=None, cuda_graph=False):
+    def respond(self, queries, length, generator=None, uniforms=None, execution=None):
         """Sample `length` response tokens per query: responses [b, length], their logprobs under the
         tempered logits and the values at the positions that predicted them, [b, length] each.
 
         Ours: uniforms [b, length], each sampled token's draw (language/sample.py's draw_uniforms; default:
-        drawn from generator or the global stream). microbatch_size K samples at most K rows at a time,
-        each microbatch with its own KV cache; every row's tokens come from its own draws, so the samples
-        do not depend on K. cuda_graph: on CUDA, each decoding step is replayed as a CUDA graph.
+        drawn from generator or the global stream). execution (training/execution.py; default: no split, no
+        graph): its microbatch_size K samples at most K rows at a time, each microbatch with its own KV cache
+        (every row's tokens come from its own draws, so the samples do not depend on K); with its cuda_graph,
+        on CUDA each decoding step is replayed as a CUDA graph.
         """
+        microbatch_size = None if execution is None else execution.microbatch_size
+        cuda_graph = execution is not None and execution.cuda_graph
         contexts = self.embed_queries(queries)
         context_length = contexts.shape[1]
         if uniforms is None:

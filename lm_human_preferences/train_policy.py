@@ -27,11 +27,12 @@ from lm_human_preferences import lm_tasks, train_reward
 from lm_human_preferences.language import sample, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import TrainedRewardModel
-from lm_human_preferences.training import checkpointing
+from lm_human_preferences.training import checkpointing, memory
+from lm_human_preferences.training.execution import Execution
+from lm_human_preferences.training.run import Progress, Run
+from lm_human_preferences.training.side_by_side import RankBlocks
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import hyperparams, ranks
-from lm_human_preferences.training import memory
-from lm_human_preferences.training.run import Progress, Run
 
 
 @dataclass
@@ -320,14 +321,15 @@ def minibatch_moments(*, returns, old_values, ranks=1):
 
 
 class PPOTrainer:
-    def __init__(self, *, policy, ref_policy, query_sampler, score_fn, hparams, run=None):
+    def __init__(self, *, policy, ref_policy, query_sampler, score_fn, hparams, execution=None, run=None):
         self.policy = policy
         self.ref_policy = ref_policy
         self.score_fn = score_fn
         self.hparams = hparams
-        self.device = utils.get_device()
-        self.bf16 = hparams.run.use_bf16()  # forward passes under bf16 autocast; all PPO math in fp32
-        self.microbatch_size = hparams.run.microbatch_size  # ours: at most this many sequences per model pass
+        # Ours: the device, bf16 (forward passes only: all PPO math in fp32), the microbatch size and the CUDA
+        # graph, resolved once (training/execution.py).
+        self.execution = execution or Execution.of(hparams.run)
+        self.device = self.execution.device
         # PPO batches done so far: the learning-rate schedule, logging and checkpoints count these.
         self.global_step = 0
 
@@ -344,14 +346,13 @@ class PPOTrainer:
         self.per_rank_rollout_batch_size = utils.exact_div(hparams.ppo.batch_size, utils.get_world_size())
         self.per_rank_minibatch_size = utils.exact_div(self.per_rank_rollout_batch_size, hparams.ppo.nminibatches)
         # Ours: the ranks this process carries, side by side in every batch: rank local_ranks()[i] holds
-        # rows i * per_rank .. (i + 1) * per_rank - 1 (utils/ranks.py).
-        self.num_local_ranks = len(utils.local_ranks())
-        self.cuda_graph = hparams.run.use_cuda_graph()  # ours: the decoding steps replayed as a CUDA graph
+        # rows i * per_rank .. (i + 1) * per_rank - 1 (training/side_by_side.py).
+        self.ranks = RankBlocks()
 
         # TF1's AdamOptimizer(epsilon=1e-5) (see AdamTF); the lr is set before every minibatch.
         self.optimizer = utils.AdamTF(self.policy.parameters(), lr=hparams.ppo.lr, eps=1e-5)
 
-        # Ours: the utils/run.Run that logs the stats (None: one that saves nothing).
+        # Ours: the training/run.Run that logs the stats (None: one that saves nothing).
         self.run = run if run is not None else Run(hparams, 'train_policy')
         self.progress = None  # ours: the `[ppo_step]` line's total and ETA, from the first step run
         # elapsed/time and elapsed/fps (the original's tf_times): since start and since the last batch.
@@ -400,17 +401,17 @@ class PPOTrainer:
         (rollouts, the PPO minibatches' data; data, for the stats and the samples printed), rows grouped by
         rank."""
         hparams = self.hparams
-        microbatch_size = self.microbatch_size
+        microbatch_size = self.execution.microbatch_size
 
         # Ours: each rank's queries and sampling draws, from its own query shard and streams.
         queries, uniforms = utils.side_by_side(lambda: sample.queries_and_draws(
             self.sample_queries(), hparams.task.response_length))
 
-        with torch.no_grad(), utils.autocast(self.bf16):
+        with torch.no_grad(), self.execution.autocast():
             rollouts = self.policy.respond(queries, length=hparams.task.response_length, uniforms=uniforms,
-                                           microbatch_size=microbatch_size, cuda_graph=self.cuda_graph)
+                                           execution=self.execution)
             responses = rollouts['responses']
-            if self.bf16:
+            if self.execution.bf16:
                 # Ours: under bf16 the sampler's cached decoding and the loss's full forward round
                 # differently, so PPO's ratio would start off 1 by up to ~2e-2 (the clip range is 0.2).
                 # The old logprobs and values are recomputed with the forward the loss uses, as the
@@ -438,14 +439,12 @@ class PPOTrainer:
     def train(self, rollouts):
         """noptepochs epochs over the rollouts (every rank's, rows grouped by rank) in nminibatches
         minibatches. Returns each rank's stats, [ranks, number of minibatches] per key."""
-        per_rank, ranks = self.per_rank_rollout_batch_size, self.num_local_ranks
+        per_rank = self.per_rank_rollout_batch_size
         stat_list = []
         for ppo_epoch_idx in range(self.hparams.ppo.noptepochs):
             # A fresh shuffle each epoch from numpy's global RNG, as the original: each rank draws its own
             # order of its own rollouts, from its own stream (seeded by set_mpi_seed).
-            orders = utils.for_each_rank(lambda: np.random.permutation(per_rank))
-            # [ranks, per_rank]: the rows of each rank's rollouts in its order
-            orders = torch.from_numpy(np.stack(orders) + per_rank * np.arange(ranks)[:, None]).to(self.device)
+            orders = self.ranks.permutations(per_rank, self.device)  # [ranks, per_rank], rows of the batch
             for mb_start in range(0, per_rank, self.per_rank_minibatch_size):
                 # Every rank's minibatch, side by side
                 mb_indices = orders[:, mb_start:mb_start + self.per_rank_minibatch_size].reshape(-1)
@@ -481,7 +480,7 @@ class PPOTrainer:
         span ranks), each back-propagated at once with its share of the loss, so no graph holds more; the
         rewards and advantages are still whitened over each rank's whole minibatch, as the original."""
         ppo = self.hparams.ppo
-        ranks = self.num_local_ranks
+        ranks = self.ranks.count
         values = rollouts['values']
         old_logprob = rollouts['logprobs']
         # Per minibatch and per rank, as the original: reward whitening, GAE, advantage whitening.
@@ -491,8 +490,8 @@ class PPOTrainer:
 
         n = len(values)
         row_stats = []
-        for piece in utils.microbatches(n, self.microbatch_size):
-            with utils.autocast(self.bf16):
+        for piece in utils.microbatches(n, self.execution.microbatch_size):
+            with self.execution.autocast():
                 outputs = self.policy.analyze_responses(rollouts['queries'][piece], rollouts['responses'][piece])
             # Each episode's (row's) means: a rank's loss and stats, means over its minibatch's elements,
             # are the means of its rows'.
@@ -505,7 +504,7 @@ class PPOTrainer:
             # The mean over ranks of their mean losses is the mean over all rows (each rank has n / ranks).
             (loss.sum() / n).backward()
             row_stats.append(stats)
-        stats = {k: torch.cat([s[k] for s in row_stats]).view(ranks, -1).mean(dim=1) for k in row_stats[0]}
+        stats = {k: self.ranks.view(torch.cat([s[k] for s in row_stats])).mean(dim=1) for k in row_stats[0]}
         stats.update(minibatch_moments(returns=returns, old_values=values, ranks=ranks))
         return stats
 
@@ -514,10 +513,7 @@ class PPOTrainer:
         rows and train_stats grouped by rank) averaged over all ranks, logged (table, TensorBoard, jsonl,
         wandb); returns them."""
         hparams = self.hparams
-        ranks = self.num_local_ranks
-
-        def by_rank(x):  # [ranks * per_rank, ...] -> [ranks, per_rank, ...]
-            return x.view(ranks, -1, *x.shape[1:])
+        by_rank = self.ranks.view  # [ranks * per_rank, ...] -> [ranks, per_rank, ...]
 
         kl = by_rank(data['logprobs'] - data['ref_logprobs'])
         mean_kl = torch.mean(torch.sum(kl, dim=2), dim=1)
@@ -534,11 +530,8 @@ class PPOTrainer:
             mean = torch.mean(by_rank(v), dim=1)
             stats[f'objective/{k}'] = mean
             stats[f'objective/{k}_total'] = mean + mean_non_score_reward
-        # Averaged over all ranks in float64 (the original: float32), so that the result does not depend on
-        # how the ranks are spread over processes (the order of the sums).
-        keys = sorted(stats)
-        per_rank = torch.stack([stats[k] for k in keys], dim=1).double()  # [ranks, keys]
-        stats = dict(zip(keys, utils.mpi_allreduce_mean(list(per_rank.unbind(0))).tolist()))
+        # The original's FlatStats (by name) mean over ranks.
+        stats = self.ranks.mean(dict(sorted(stats.items())))
 
         # Add more statistics (from the averaged ones)
         step = self.global_step
@@ -618,6 +611,22 @@ def memory_passes(hparams: HParams):
             memory.Pass('train', utils.ceil_div(rollout, hparams.ppo.nminibatches), tokens, responses)]
 
 
+def resume(run, ppo_trainer, m):
+    """Ours: restore ppo_trainer from the run's last training state, if any; returns save(): the model checkpoint
+    (as the original) and the training state for resuming (policy, Adam, step, KL coefficient, query position,
+    every rank's RNGs; see training/run.py)."""
+    state = run.resume(modules=dict(policy=ppo_trainer.policy), optimizer=ppo_trainer.optimizer,
+                       samplers=dict(query=ppo_trainer.query_sampler), model=(ppo_trainer.policy, m.hparams(), m.encoding))
+    if state:
+        ppo_trainer.global_step = state.step
+        ppo_trainer.kl_ctl.value = state.extra['kl_coef']
+
+    def save():
+        run.save(ppo_trainer.global_step, extra=dict(kl_coef=ppo_trainer.kl_ctl.value),
+                 done=ppo_trainer.global_step == nupdates(ppo_trainer.hparams))
+    return save
+
+
 def train(hparams: HParams):
     """Ours: rerun with the same hparams and save dir, it resumes from the last training states there."""
     check_reward_task(hparams)  # at launch already (validate); here for callers of train()
@@ -636,23 +645,13 @@ def train(hparams: HParams):
 
         utils.set_mpi_seed(hparams.run.seed)
 
-        device = utils.get_device()
-        # Ours: run.microbatch_size 'auto' becomes a number, planned for this device's free memory (the
-        # run's hparams file keeps 'auto': a rerun plans again).
-        hparams.run.microbatch_size = memory.resolve(hparams.run, memory_passes(hparams), m.hparams(), **MEMORY_MODELS,
-                                                     device=device, what='train_policy')
+        # Ours: bf16, the CUDA graph and the microbatch size ('auto': planned for the free memory), once.
+        execution = Execution.prepare(hparams.run, memory_passes(hparams), m.hparams(), **MEMORY_MODELS,
+                                      what='train_policy')
         score_model = TrainedRewardModel(hparams.rewards.trained_model, m.encoding,
-                                         allow_untrained_head=hparams.rewards.allow_untrained_head).to(device)
-
-        ref_policy = Policy(
-            m, scope='ref_policy',
-            embed_queries=lm_tasks.query_formatter(hparams.task, encoder),
-            temperature=hparams.task.policy.temperature).to(device)
-
-        policy = Policy(
-            m, scope='policy',
-            embed_queries=lm_tasks.query_formatter(hparams.task, encoder),
-            temperature=hparams.task.policy.temperature).to(device)
+                                         allow_untrained_head=hparams.rewards.allow_untrained_head).to(execution.device)
+        ref_policy = Policy.for_task(m, hparams.task, scope='ref_policy').to(execution.device)
+        policy = Policy.for_task(m, hparams.task, scope='policy').to(execution.device)
 
         # Only the policy is trained.
         score_model.requires_grad_(False)
@@ -667,26 +666,16 @@ def train(hparams: HParams):
 
         ppo_trainer = PPOTrainer(
             policy=policy, ref_policy=ref_policy, query_sampler=query_sampler,
-            score_fn=make_score_fn(hparams.task, score_model=score_model, microbatch_size=hparams.run.microbatch_size),
-            hparams=hparams, run=run)
+            score_fn=make_score_fn(hparams.task, score_model=score_model, microbatch_size=execution.microbatch_size),
+            hparams=hparams, execution=execution, run=run)
 
         # sync_models: every rank starts from rank 0's weights (for random 'test' models they differ).
         utils.sync_params(list(score_model.parameters()) + list(ref_policy.parameters()) + list(policy.parameters()))
 
-        # Ours: the run records which queries it uses, and refuses to resume on others.
+        # Ours: the run records which queries it uses, and refuses to resume on others; it continues from the
+        # last training state in the save dir, if any.
         run.record_data('queries', query_sampler.fingerprint)
-        # Ours: continue from the last training state in the save dir, if any.
-        state = run.resume(modules=dict(policy=policy), optimizer=ppo_trainer.optimizer,
-                           samplers=dict(query=ppo_trainer.query_sampler), model=(policy, m.hparams(), m.encoding))
-        if state:
-            ppo_trainer.global_step = state.step
-            ppo_trainer.kl_ctl.value = state.extra['kl_coef']
-
-        def save():
-            """The model checkpoint (as the original) and ours, the training state for resuming (policy,
-            Adam, step, KL coefficient, query position, every rank's RNGs; see training/run.py)."""
-            run.save(ppo_trainer.global_step, extra=dict(kl_coef=ppo_trainer.kl_ctl.value),
-                     done=ppo_trainer.global_step == nupdates(hparams))
+        save = resume(run, ppo_trainer, m)
 
         # Ours: the original's `finally: save()`, Ctrl-C, the learning curves and a summary (training/run.py).
         with run.training(step=lambda: ppo_trainer.global_step, save=save):

@@ -10,7 +10,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Literal, Optional, Union
+from typing import Optional
 
 import numpy as np
 import torch
@@ -18,11 +18,12 @@ import torch
 from lm_human_preferences import label_types, lm_tasks, rewards
 from lm_human_preferences.language import sample, trained_models
 from lm_human_preferences.policy import Policy
-from lm_human_preferences.training import checkpointing
+from lm_human_preferences.training import checkpointing, memory
+from lm_human_preferences.training.execution import Execution, PortRunHParams
+from lm_human_preferences.training.run import Progress, Run
+from lm_human_preferences.training.side_by_side import RankBlocks, RankGradients
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import gcs, hyperparams, ranks
-from lm_human_preferences.training import memory
-from lm_human_preferences.training.run import Progress, Run
 
 
 @dataclass
@@ -33,36 +34,17 @@ class LabelHParams(hyperparams.HParams):
 
 
 @dataclass
-class RunHParams(hyperparams.HParams):
+class RunHParams(PortRunHParams):  # ours: bf16, wandb, microbatch_size, ... (training/execution.py)
     seed: Optional[int] = None
     log_interval: int = 10
     save_interval: int = 50
     save_dir: Optional[str] = None
-    # Ours (the original ran fp32 only): forward passes under bf16 autocast. None = on when CUDA is
-    # available, off on CPU. Losses, softmaxes, normalization statistics and Adam state stay fp32.
-    bf16: Optional[bool] = None
-    # Ours: Weights & Biases logging (train_policy, which reuses this struct as the original did, logs).
-    wandb: bool = False
-    wandb_project: str = 'lm-human-preferences'
-    # Ours: model checkpoints kept in the save dir (the original's Saver max_to_keep); training states
-    # keep the last 3.
-    keep_checkpoints: int = 20
-    # Ours: at most this many sequences in any forward or backward pass of a model (sampling, logprobs,
-    # scoring, the PPO and reward-model losses, evaluation), to fit memory; None: no split; 'auto': the
-    # largest that fits the device's free memory (training/memory.py). Results are the same up to fp32
-    # rounding (the sampled tokens too): only memory and speed change.
-    microbatch_size: Optional[Union[int, Literal['auto']]] = None
-    # Ours: on CUDA, capture one decoding step as a CUDA graph and replay it for every later token
-    # (language/sample.py), one launch per token instead of hundreds. None = on with CUDA.
-    cuda_graph: Optional[bool] = None
 
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
-        for name in ('save_interval', 'log_interval', 'keep_checkpoints'):
+        # Ours: one line at launch for a value the run cannot use.
+        for name in ('save_interval', 'log_interval'):
             hyperparams.require(getattr(self, name) > 0, prefix + name, getattr(self, name), 'it must be at least 1')
-        hyperparams.require(self.microbatch_size in (None, 'auto') or self.microbatch_size > 0, prefix + 'microbatch_size',
-                            self.microbatch_size, "it must be at least 1 ('auto': the largest that fits the free "
-                                                  "memory; unset: no split)")
         self.check_seed(1, prefix=prefix)
 
     def check_seed(self, num_ranks, *, prefix=''):
@@ -71,15 +53,6 @@ class RunHParams(hyperparams.HParams):
         hyperparams.require(self.seed is None or 0 <= self.seed <= top, prefix + 'seed', self.seed,
                             f'it must be from 0 to {top}' + (f' with --mpi {num_ranks}' if num_ranks > 1 else '')
                             + ': rank r seeds numpy (0 to 2**32 - 1) with seed + 100003 * r; unset: fresh entropy')
-
-    def use_bf16(self):
-        """Whether bf16 autocast is on: run.bf16, or (None) whether CUDA is available."""
-        return torch.cuda.is_available() if self.bf16 is None else self.bf16
-
-    def use_cuda_graph(self):
-        """Whether decoding replays its steps as a CUDA graph: run.cuda_graph, or (None) whether CUDA is
-        available (the graph needs CUDA; on a CPU the steps run eagerly whatever this says)."""
-        return torch.cuda.is_available() if self.cuda_graph is None else self.cuda_graph
 
 
 @dataclass
@@ -250,10 +223,12 @@ def label_fingerprint(train, held_out):
 
 
 class RewardModelTrainer():
-    def __init__(self, *, reward_model, policy, query_sampler, hparams, run=None):
-        """reward_model: a rewards.RewardModelTrainer on utils.get_device(). policy (the frozen initial
+    def __init__(self, *, reward_model, policy, query_sampler, hparams, execution=None, run=None):
+        """reward_model: a rewards.RewardModelTrainer on the execution's device. policy (the frozen initial
         policy) and query_sampler are only used to normalize; None when neither normalization is on.
-        run (ours): the utils/run.Run that logs, saves and resumes (None: one that saves nothing)."""
+        Ours: execution, the device, bf16, the microbatch size and the CUDA graph, resolved once
+        (training/execution.py; None: as hparams.run says); run, the training/run.Run that logs, saves and
+        resumes (None: one that saves nothing)."""
         self.reward_model = reward_model
 
         self.policy = policy
@@ -261,12 +236,10 @@ class RewardModelTrainer():
         self.query_sampler = None if query_sampler is None else checkpointing.CountingSampler(query_sampler)
         self.hparams = hparams
         self.num_ranks = utils.get_world_size()
-        self.device = utils.get_device()
-        self.bf16 = hparams.run.use_bf16()
-        self.microbatch_size = hparams.run.microbatch_size  # ours: at most this many sequences per model pass
-        self.cuda_graph = hparams.run.use_cuda_graph()  # ours: the decoding steps replayed as a CUDA graph
+        self.execution = execution or Execution.of(hparams.run)
+        self.device = self.execution.device
         # Ours: the ranks this process carries, side by side in every batch (rows grouped by rank).
-        self.num_local_ranks = len(utils.local_ranks())
+        self.ranks = RankBlocks()
 
         self.label_type = label_types.get(hparams.labels.type)
         self.question_schemas = self.label_type.question_schemas(
@@ -288,7 +261,7 @@ class RewardModelTrainer():
         # The original's utils.minimize: gradients all-reduce-averaged over ranks, then TF1 Adam with
         # epsilon 1e-5 over all reward model params (the reward gain and bias included), no clipping.
         self.optimizer = utils.AdamTF(self.reward_model.parameters(), lr=hparams.lr, eps=1e-5)
-        self.rank_gradients = utils.RankGradients(self.reward_model.parameters())
+        self.rank_gradients = RankGradients(self.reward_model.parameters())
         # Minibatches trained so far (the original's train_step variable): the only training position.
         self.global_step = 0
         # Ours, for resuming: the label order (drawn once after normalize_before), the results so far, and
@@ -308,7 +281,7 @@ class RewardModelTrainer():
         """The label type's stats (its 'loss' included) on labels, and the rewards each sample got ({sample
         key: [n]}). ranks (ours): the labels of that many ranks side by side (rows grouped by rank); the stats
         are then each rank's, [ranks] per key, and with train each rank's gradient, from its own passes, is added
-        to self.rank_gradients (the original's ranks each computed theirs; see core.RankGradients).
+        to self.rank_gradients (the original's ranks each computed theirs; see training/side_by_side.py).
 
         Ours: the reward model runs on microbatches of labels holding at most run.microbatch_size sequences
         (a label's query with each of its samples), each microbatch's share of the mean loss back-propagated
@@ -317,7 +290,8 @@ class RewardModelTrainer():
         """
         n = len(labels['query'])
         per_rank = n // ranks
-        labels_per_piece = None if self.microbatch_size is None else self.microbatch_size // len(self.sample_keys)
+        microbatch_size = self.execution.microbatch_size
+        labels_per_piece = None if microbatch_size is None else microbatch_size // len(self.sample_keys)
         rewards = {k: [] for k in self.sample_keys}
         # Training, each rank's labels in passes of their own; evaluating, a pass may span ranks.
         for group in utils.microbatches(n, per_rank) if train else [slice(0, n)]:
@@ -330,7 +304,7 @@ class RewardModelTrainer():
                     scored = self.reward_model.get_rewards(queries, responses)
                     rewards[sample_key[id(responses)]].append(scored.detach())
                     return scored
-                with torch.set_grad_enabled(train), utils.autocast(self.bf16):
+                with torch.set_grad_enabled(train), self.execution.autocast():
                     piece_loss = self.label_type.loss(reward_model=reward_model, labels=piece_labels)['loss']
                 if train:
                     # The label type's loss is a mean over labels: a microbatch adds its share of its rank's.
@@ -338,7 +312,7 @@ class RewardModelTrainer():
             if train:
                 self.rank_gradients.add_rank()
         rewards = {k: utils.cat_pieces(v) for k, v in rewards.items()}
-        with torch.no_grad(), utils.autocast(self.bf16):
+        with torch.no_grad(), self.execution.autocast():
             rank_stats = [self._label_type_loss({k: v[rows] for k, v in rewards.items()},
                                                 {k: v[rows] for k, v in labels.items()})
                           for rows in utils.microbatches(n, n // ranks)]
@@ -366,9 +340,8 @@ class RewardModelTrainer():
 
         step = self.global_step
         self.global_step += 1
-        # The stats averaged over ranks (the original's FlatStats mpi_allreduce_mean), in float64 (the
-        # original: float32) so that the result does not depend on how the ranks are spread over processes.
-        stats = {k: utils.mpi_allreduce_mean(list(v.double().unbind(0))).float() for k, v in stats.items()}
+        # The stats averaged over ranks (the original's FlatStats mpi_allreduce_mean), logged in float32 as its.
+        stats = {k: torch.tensor(v, dtype=torch.float32) for k, v in self.ranks.mean(stats).items()}
         return self.run.stats.log(stats, step)
 
     def target_mean_std(self):
@@ -386,13 +359,12 @@ class RewardModelTrainer():
     def stats(self, query_responses):
         """Mean and std of the rewards of every rank's samples (query_responses: the (queries, responses)
         batches of sample_policy_responses, every rank's side by side)."""
-        ranks = self.num_local_ranks
-        with utils.autocast(self.bf16):
-            rewards = [utils.microbatched(self.reward_model.get_rewards, self.microbatch_size, qs, rs)
+        with self.execution.autocast():
+            rewards = [utils.microbatched(self.reward_model.get_rewards, self.execution.microbatch_size, qs, rs)
                        for qs, rs in query_responses]
         # [ranks, samples per rank], in float64 (the original: float32), so that E[x^2] - E[x]^2 cannot go
         # negative and the sums do not depend on their order (how the ranks are spread over processes).
-        rewards = torch.cat([r.view(ranks, -1) for r in rewards], dim=1).double()
+        rewards = torch.cat([self.ranks.view(r) for r in rewards], dim=1).double()
         assert rewards.dim() == 2, f'{tuple(rewards.shape)}'
         sums = torch.stack([rewards.sum(dim=1), rewards.square().sum(dim=1)], dim=1)  # [ranks, 2]
         # Sum and sum of squares pooled over ranks (each rank scored the same number of samples), then the
@@ -426,9 +398,9 @@ class RewardModelTrainer():
         random draws come from its own query shard and streams (in its section)."""
         length = self.hparams.task.response_length
         queries, uniforms = utils.side_by_side(lambda: sample.queries_and_draws(self.query_sampler()['tokens'], length))
-        with utils.autocast(self.bf16):
+        with self.execution.autocast():
             responses = self.policy.respond(queries=queries, length=length, uniforms=uniforms,
-                                            microbatch_size=self.microbatch_size, cuda_graph=self.cuda_graph)['responses']
+                                            execution=self.execution)['responses']
         return queries, responses
 
     def sample_policy_responses(self, n_samples):
@@ -476,8 +448,8 @@ class RewardModelTrainer():
         labels[rank::num_ranks], the ranks this process carries side by side in batches of their shares of
         batch_size. Logged as <name>/loss and <name>/accuracy at the current global_step; returns that dict."""
         n = len(next(iter(labels.values())))
-        ours = torch.cat([torch.arange(rank, n, self.num_ranks) for rank in utils.local_ranks()])
-        batch_size = utils.exact_div(self.hparams.batch_size, self.num_ranks) * self.num_local_ranks
+        ours = torch.cat(self.ranks.shares(torch.arange(n)))
+        batch_size = utils.exact_div(self.hparams.batch_size, self.num_ranks) * self.ranks.count
         loss_sum, correct = 0.0, 0.0
         for start in range(0, len(ours), batch_size):
             batch = self._to_device({k: v[ours[start:start + batch_size]] for k, v in labels.items()})
@@ -554,7 +526,7 @@ class RewardModelTrainer():
             start_index = self.global_step * self.hparams.batch_size
             end_index = start_index + self.hparams.batch_size
             all_ranks_indices = train_indices[start_index:end_index]
-            our_indices = [all_ranks_indices[rank::self.num_ranks] for rank in utils.local_ranks()]
+            our_indices = self.ranks.shares(all_ranks_indices)
             lr = (1 - start_index / self.hparams.labels.num_train) * self.hparams.lr
             results['train'] = self.train_batch(our_indices, lr)
             progress.done = self.global_step
@@ -628,25 +600,19 @@ def train(hparams: HParams):
 
         m = trained_models.TrainedModel(hparams.task.policy.initial_model)
         encoder = m.encoding.get_encoder()
-        device = utils.get_device()
         normalizing = hparams.normalize_before or hparams.normalize_after
-        # Ours: run.microbatch_size 'auto' becomes a number, planned for this device's free memory (the
-        # run's hparams file keeps 'auto': a rerun plans again).
-        hparams.run.microbatch_size = memory.resolve(
-            hparams.run, memory_passes(hparams), m.hparams(), resident=1 + normalizing, trained=1, device=device,
-            what='train_reward', smallest=samples_per_label(hparams.labels.type))
+        # Ours: bf16, the CUDA graph and the microbatch size ('auto': planned for the free memory), once.
+        execution = Execution.prepare(hparams.run, memory_passes(hparams), m.hparams(), resident=1 + normalizing,
+                                      trained=1, what='train_reward', smallest=samples_per_label(hparams.labels.type))
 
         # The frozen initial policy and the query stream only serve the normalizations; the original built
         # them always (TF built graphs lazily, so its query dataset was never read without normalization).
         ref_policy = query_sampler = None
         if normalizing:
-            ref_policy = Policy(
-                m, scope='ref_policy',
-                embed_queries=lm_tasks.query_formatter(hparams.task, encoder),
-                temperature=hparams.task.policy.temperature).to(device)
+            ref_policy = Policy.for_task(m, hparams.task, scope='ref_policy').to(execution.device)
             ref_policy.requires_grad_(False)
 
-        reward_model = rewards.RewardModelTrainer(m).to(device)
+        reward_model = rewards.RewardModelTrainer(m).to(execution.device)
 
         if ref_policy is not None:
             query_sampler = lm_tasks.make_query_sampler(
@@ -659,6 +625,7 @@ def train(hparams: HParams):
             policy=ref_policy,
             query_sampler=query_sampler,
             hparams=hparams,
+            execution=execution,
             run=run,
         )
 

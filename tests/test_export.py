@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from lm_human_preferences.language import checkpoints, encodings, hf_export, model, trained_models
+from lm_human_preferences.language import checkpoints, encodings, hf_export, hf_gpt2, model, trained_models
 from lm_human_preferences.policy import Policy
 
 transformers = pytest.importorskip('transformers')  # a test-only dependency (the `test` extra)
@@ -98,7 +98,7 @@ def test_errors_name_the_problem(tmp_path):
     with pytest.raises(FileNotFoundError, match='missing_dir'):
         hf_export.export(str(tmp_path / 'missing_dir'), str(tmp_path / 'hf'))
     with pytest.raises(ValueError, match="'model.h.0.attn.bogus'"):
-        hf_export.convert_state({'model.h.0.attn.bogus': torch.zeros(1)})
+        hf_gpt2.convert_state({'model.h.0.attn.bogus': torch.zeros(1)})
     hparams = model.HParams(n_vocab=27, n_ctx=8, n_embd=8, n_head=2, n_layer=1)
     state = {'model.' + k: v for k, v in model.Model(hparams).state_dict().items()}
     hparams.n_layer = 2  # hparams.json no longer matches the weights

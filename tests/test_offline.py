@@ -16,7 +16,6 @@ from lm_human_preferences import demo, label_types, sentiment_mini, train_reward
 from lm_human_preferences.demo import commands
 from lm_human_preferences.language import checkpoints, datasets, encodings, model, trained_models
 from lm_human_preferences.sentiment_mini import vader
-from lm_human_preferences.utils import hyperparams
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location('top_launch', REPO_ROOT / 'launch.py')

@@ -44,7 +44,7 @@ TOL = 1e-6
 # On CUDA, cuBLAS picks a GEMM kernel by the matrices' shapes, and --procs 1's one pass over 4 ranks' rows has
 # other shapes than --procs 2's or 4's passes: the PPO runs agree to that rounding, measured on an H100 at
 # 1.1e-5 (weights) and 3.4e-4 (stats, relative). The reward model, which passes over each rank's rows alone
-# (core.RankGradients), is exact there too.
+# (training/side_by_side.py), is exact there too.
 CUDA = torch.cuda.is_available()
 WEIGHTS_TOL, STATS_TOL = (3e-5, 1e-3) if CUDA else (TOL, TOL)
 N_VOCAB, PAD = 27, 27  # the `test` encoding

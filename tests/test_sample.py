@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from lm_human_preferences.training.execution import Execution
 from lm_human_preferences.language import checkpoints, sample, trained_models
 from lm_human_preferences.policy import Policy
 
@@ -128,7 +129,7 @@ def test_microbatched_sampling_draws_the_same_tokens(demo_shaped_policy, microba
     queries[4, 3:8] = pad
     whole = policy.respond(queries, length=20, generator=torch.Generator().manual_seed(5))
     split = policy.respond(queries, length=20, generator=torch.Generator().manual_seed(5),
-                           microbatch_size=microbatch_size)
+                           execution=Execution(queries.device, microbatch_size=microbatch_size))
     assert torch.equal(whole['responses'], split['responses'])
     torch.testing.assert_close(split['logprobs'], whole['logprobs'], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(split['values'], whole['values'], atol=1e-6, rtol=1e-5)
@@ -165,7 +166,8 @@ def test_decoding_reads_nothing_on_the_host_per_token(demo_shaped_policy, monkey
     for length in (2, 12, 40):  # 12 + 40 > n_ctx 64 only through pads: the position check runs once
         counts['n'] = 0
         with torch.no_grad():
-            policy.respond(queries[:3, :] if length == 40 else queries, length=length, microbatch_size=2)
+            policy.respond(queries[:3, :] if length == 40 else queries, length=length,
+                           execution=Execution(queries.device, microbatch_size=2))
         reads.append(counts['n'])
     assert reads[0] == reads[1], reads
     assert reads[2] <= reads[0] + 1, reads
@@ -183,7 +185,7 @@ def test_decoding_does_not_synchronize_on_cuda(demo_shaped_policy):
             warnings.simplefilter('always')
             torch.cuda.set_sync_debug_mode('warn')
             try:
-                policy.respond(queries, length=length, microbatch_size=2)
+                policy.respond(queries, length=length, execution=Execution(queries.device, microbatch_size=2))
             finally:
                 torch.cuda.set_sync_debug_mode(0)
         syncs.append(sum('synchroniz' in str(w.message) for w in caught))
@@ -213,7 +215,8 @@ def test_cuda_graph_decoding_draws_the_tokens_of_the_eager_loop(demo_shaped_poli
     ops = {}
     for cuda_graph in (False, True):
         with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16, enabled=bf16), CountOps() as counted:
-            out = policy.respond(queries, length=30, uniforms=uniforms, microbatch_size=4, cuda_graph=cuda_graph)
+            out = policy.respond(queries, length=30, uniforms=uniforms,
+                                 execution=Execution(queries.device, bf16=bf16, cuda_graph=cuda_graph, microbatch_size=4))
         ops[cuda_graph] = counted.n
         eager, graphed = (out, None) if not cuda_graph else (eager, out)
     assert ops[True] < ops[False] / 3, ops  # 2 warm-up steps and the captured one of 29, in each of 2 loops

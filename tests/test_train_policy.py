@@ -289,7 +289,7 @@ class FakePolicy(nn.Module):
         return dict(logprobs=logp[responses], entropies=-(logp.exp() * logp).sum().expand(responses.shape),
                     values=self.v * torch.arange(1, length + 1).float().expand(responses.shape))
 
-    def respond(self, queries, length, microbatch_size=None, uniforms=None, cuda_graph=False):
+    def respond(self, queries, length, uniforms=None, execution=None):
         responses = (queries[:, :1] + torch.arange(length)) % self.n_vocab
         return dict(responses=responses, **{k: v for k, v in self.analyze_responses(queries, responses).items()
                                             if k != 'entropies'})

@@ -46,7 +46,8 @@ from lm_human_preferences.language import checkpoints, encodings, model, trained
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import files
-from lm_human_preferences.training import memory, plots
+from lm_human_preferences.training import plots
+from lm_human_preferences.training.execution import Execution
 from lm_human_preferences.training.run import Progress
 
 # Samples per policy shown in the report.
@@ -267,11 +268,9 @@ def pick_best(scores, rng):
 def _frozen_policy(model_name, task):
     """A frozen Policy of the named model (a name or dir, as task.policy.initial_model) for the task."""
     m = trained_models.TrainedModel(model_name)
-    encoder = m.encoding.get_encoder()
-    policy = Policy(m, embed_queries=lm_tasks.query_formatter(task, encoder),
-                    temperature=task.policy.temperature).to(utils.get_device())
+    policy = Policy.for_task(m, task).to(utils.get_device())
     policy.requires_grad_(False)
-    return policy, encoder
+    return policy, m.encoding.get_encoder()
 
 
 def _generator(seed):
@@ -292,8 +291,8 @@ def make_labels(exp: OfflineExperiment, hparams: train_reward_module.HParams, pa
     batch_size = min(utils.exact_div(hparams.rollout_batch_size, utils.get_world_size()), per_rank)
     sampler = lm_tasks.make_query_sampler(hparams=task, encoder=encoder, batch_size=batch_size)
     # run.microbatch_size 'auto': planned as train_reward plans it (its normalization samples such rollouts).
-    microbatch_size = memory.resolve(hparams.run, train_reward_module.memory_passes(hparams), policy.model_hparams,
-                                     resident=1, trained=0, device=utils.get_device(), what=f'{exp.name} labels')
+    execution = Execution.prepare(hparams.run, train_reward_module.memory_passes(hparams), policy.model_hparams,
+                                  resident=1, trained=0, what=f'{exp.name} labels')
     printing, progress = utils.is_root(), Progress(utils.ceil_div(per_rank, batch_size) * len(utils.local_ranks()))
 
     def rank_records():
@@ -305,7 +304,7 @@ def make_labels(exp: OfflineExperiment, hparams: train_reward_module.HParams, pa
             with torch.no_grad():
                 # The labelers saw postprocessed (truncated) samples, as the original's label files hold.
                 samples = [postprocess(policy.respond(queries, task.response_length, generator=generator,
-                                                      microbatch_size=microbatch_size)['responses'])
+                                                      execution=execution)['responses'])
                            for _ in range(label_type.num_responses)]
             scores = torch.stack([exp.labeler.scores(s, encoder) for s in samples], dim=1).numpy()  # [b, N]
             best = pick_best(scores, rng)

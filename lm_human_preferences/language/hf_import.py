@@ -1,4 +1,4 @@
-"""A Hugging Face transformers GPT-2 as a model of ours (no original; the reverse of hf_export.py).
+"""A Hugging Face transformers GPT-2 as a model of ours (no original; the reverse of hf_gpt2.py).
 
     --task.policy.initial_model DIR     a local GPT2LMHeadModel folder (save_pretrained's, or our export)
     --task.policy.initial_model gpt2    a name on the Hugging Face hub (downloaded once, huggingface_hub)
@@ -18,7 +18,7 @@ loaded: loading a pickle can run code.
 import json
 import os
 
-from lm_human_preferences.language import checkpoints, encodings, hf_export, model
+from lm_human_preferences.language import checkpoints, encodings, hf_gpt2, model
 from lm_human_preferences.utils import gcs
 
 # The files a conversion reads: what is downloaded of a hub model.
@@ -201,7 +201,7 @@ def read_state(folder, hparams):
             elif not name.endswith(_BUFFERS):
                 # GPT2LMHeadModel's names start with 'transformer.'; GPT2Model's (the hub's gpt2 files) do not.
                 transformer[name if name.startswith('transformer.') else 'transformer.' + name] = value.float()
-    hf_export.check_shapes(transformer, hparams, folder, hparams_file='config.json')
+    hf_gpt2.check_shapes(transformer, hparams, folder, hparams_file='config.json')
     wte = transformer['transformer.wte.weight']
     if lm_head is not None and not (lm_head.shape == wte.shape and bool((lm_head.float() == wte).all())):
         raise ValueError(f'{folder}: lm_head.weight is not wte (untied output embeddings): our GPT-2 ties them')
@@ -209,7 +209,7 @@ def read_state(folder, hparams):
     for f in sorted(os.listdir(folder)):
         if f.endswith(_HEAD_SUFFIX):  # our export's scalar heads
             heads[f[:-len(_HEAD_SUFFIX)]] = {k: v.float() for k, v in _load(os.path.join(folder, f)).items()}
-    return hf_export.state_from_hf(transformer, heads)
+    return hf_gpt2.state_from_hf(transformer, heads)
 
 
 def convert(folder, dst):

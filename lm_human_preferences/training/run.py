@@ -51,7 +51,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 from lm_human_preferences.language import checkpoints
-from lm_human_preferences.utils import core, extras, files, hyperparams, ranks, stopping
+from lm_human_preferences.utils import core, files, hyperparams, ranks, stopping
 from lm_human_preferences.training import checkpointing, plots
 
 SCOPES = dict(train_reward='reward_model', train_policy='policy')

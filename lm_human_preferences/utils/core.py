@@ -562,43 +562,6 @@ def mpi_allreduce_mean_grads(params):
             g.copy_(v)
 
 
-class RankGradients:
-    """Ours: the gradient averaged over all ranks, from each rank's own backward pass, as each of the original's
-    ranks computed its own. A process adds its ranks' gradients in float64 in rank order (add_rank, after each
-    rank's backward), then the processes' sums are added in float64 (mean_into_grads), so that the mean does not
-    depend on how the ranks are spread over processes. One backward over several ranks' rows sums them in another
-    order, and where a loss is flat (the `test` labels: every sample alike) Adam's 1 / epsilon turns that rounding
-    into steps. The reward model's trainer uses it; PPO keeps one pass over its ranks' rows, for speed."""
-
-    def __init__(self, params):
-        self.params = [p for p in params if p.requires_grad]
-        self.sums = None  # float64, one per param
-
-    def add_rank(self):
-        """Move .grad (one rank's gradient) into the sums."""
-        ranks.refuse_in_section('RankGradients.add_rank')
-        if self.sums is None:
-            self.sums = [torch.zeros_like(p, dtype=torch.float64) for p in self.params]
-        for total, p in zip(self.sums, self.params):
-            if p.grad is not None:
-                total.add_(p.grad)
-                p.grad = None
-
-    @torch.no_grad()
-    def mean_into_grads(self):
-        """Set .grad to the mean over all ranks of the gradients added so far (collective over processes), and
-        start new sums."""
-        ranks.refuse_in_section('RankGradients.mean_into_grads')
-        if _processes_on():
-            for chunk in chunk_tensors(self.sums, limit=1 << 28):
-                for total, v in zip(chunk, map_flat(_processes_sum, chunk)):
-                    total.copy_(v)
-        scale = 1 / get_world_size()
-        for total, p in zip(self.sums, self.params):
-            p.grad = total.mul_(scale).to(p.dtype)
-        self.sums = None
-
-
 # ---------------------------------------------------------------------------------------------------
 # Ours: non-finite guards. The original asserted np.isfinite on the normalization statistics only; a NaN
 # loss or gradient went into Adam and every later weight. The trainers check their losses, gradient

@@ -126,7 +126,8 @@ def get(label_type: str) -> LabelType:
     if label_type.startswith('best_of_') and n.isdigit() and int(n) >= 2:
         return PickBest(int(n))
     # The original: int() failed on best_of_x, and any other name was "Unexpected label type".
-    raise ValueError(f"unknown label type {label_type!r}: expected best_of_<N> (N >= 2), scalar_rating or scalar_compare")
+    raise ValueError(f"unknown label type {label_type!r}: expected best_of_<N> (N >= 2), scalar_rating or "
+                     f"scalar_compare")
 
 
 def validate_labels(records, schemas: Dict[str, Schema], *, n_vocab, padding_token, source):

@@ -517,7 +517,8 @@ class PPOTrainer:
 
         kl = by_rank(data['logprobs'] - data['ref_logprobs'])
         mean_kl = torch.mean(torch.sum(kl, dim=2), dim=1)
-        mean_entropy = torch.mean(torch.sum(-by_rank(data['logprobs']), dim=2), dim=1)  # sampled logprobs: a one-sample estimate
+        # sampled logprobs: a one-sample estimate
+        mean_entropy = torch.mean(torch.sum(-by_rank(data['logprobs']), dim=2), dim=1)
         mean_non_score_reward = torch.mean(torch.sum(by_rank(data['non_score_reward']), dim=2), dim=1)
         stats = {
             'objective/kl': mean_kl,
@@ -615,8 +616,9 @@ def resume(run, ppo_trainer, m):
     """Ours: restore ppo_trainer from the run's last training state, if any; returns save(): the model checkpoint
     (as the original) and the training state for resuming (policy, Adam, step, KL coefficient, query position,
     every rank's RNGs; see training/run.py)."""
-    state = run.resume(modules=dict(policy=ppo_trainer.policy), optimizer=ppo_trainer.optimizer,
-                       samplers=dict(query=ppo_trainer.query_sampler), model=(ppo_trainer.policy, m.hparams(), m.encoding))
+    policy = ppo_trainer.policy
+    state = run.resume(modules=dict(policy=policy), optimizer=ppo_trainer.optimizer,
+                       samplers=dict(query=ppo_trainer.query_sampler), model=(policy, m.hparams(), m.encoding))
     if state:
         ppo_trainer.global_step = state.step
         ppo_trainer.kl_ctl.value = state.extra['kl_coef']

@@ -369,7 +369,8 @@ class RewardModelTrainer():
         sums = torch.stack([rewards.sum(dim=1), rewards.square().sum(dim=1)], dim=1)  # [ranks, 2]
         # Sum and sum of squares pooled over ranks (each rank scored the same number of samples), then the
         # population std.
-        means, sqr_means = (utils.mpi_allreduce_sum(list(sums.unbind(0))) / (self.num_ranks * rewards.shape[1])).tolist()
+        count = self.num_ranks * rewards.shape[1]
+        means, sqr_means = (utils.mpi_allreduce_sum(list(sums.unbind(0))) / count).tolist()
         stds = float(np.sqrt(sqr_means - means ** 2))
         return means, stds
 
@@ -474,21 +475,7 @@ class RewardModelTrainer():
     def train(self):
         """Returns a dict of results (ours; the original returned nothing): normalize_before /
         normalize_after (see normalize), train (the last minibatch's stats), eval, eval_train."""
-        labels, self.held_out_labels = download_labels(
-            self.hparams.labels.source,
-            label_type=self.label_type,
-            question_schemas=self.question_schemas,
-            total_labels=self.hparams.labels.num_train,
-            n_vocab=self.reward_model.hparams.n_vocab,
-            padding_token=self.reward_model.padding_token,
-        )
-
-        self.add_to_buffer(labels)
-        # Ours: the run records which labels and queries it trains on, and refuses to resume on others.
-        self.run.record_data('labels', label_fingerprint(labels, self.held_out_labels),
-                             source=label_source(self.hparams.labels.source))
-        if self.query_sampler is not None:
-            self.run.record_data('queries', self.query_sampler.sampler.fingerprint)
+        self.add_to_buffer(self.read_labels())
 
         # Ours: continue from the last training state in the save dir, if any (after the labels are
         # checked, so a resumed run validates its inputs too).
@@ -514,8 +501,7 @@ class RewardModelTrainer():
         # Train on train_indices. The loop runs on global_step (batch global_step covers
         # train_indices[global_step * batch_size:][:batch_size]), so a restored global_step resumes it.
         if utils.is_root():
-            print("training on", self.hparams.labels.num_train, "in batches of", per_rank_batch_size,
-                  "per rank")
+            print("training on", self.hparams.labels.num_train, "in batches of", per_rank_batch_size, "per rank")
         num_batches = utils.exact_div(self.hparams.labels.num_train, self.hparams.batch_size)
         progress = Progress(num_batches, start=self.global_step)  # ours
         while self.global_step < num_batches:
@@ -539,16 +525,39 @@ class RewardModelTrainer():
 
         # Ours: evaluate the model as trained, before normalize_after rescales it (the accuracy does not
         # change under that positive affine map; the loss would).
+        results.update(self.evaluate_labels())
+
+        if self.hparams.normalize_after:
+            target_mean, target_std = 0.0, 1.0
+            results['normalize_after'] = self.normalize(self.sample_policy_responses, target_mean, target_std)
+        return results
+
+    def read_labels(self):
+        """The training labels of labels.source (download_labels); ours: the records past labels.num_train kept
+        to evaluate on, and what the run trains on recorded (a rerun on other labels or queries is refused)."""
+        labels, self.held_out_labels = download_labels(
+            self.hparams.labels.source,
+            label_type=self.label_type,
+            question_schemas=self.question_schemas,
+            total_labels=self.hparams.labels.num_train,
+            n_vocab=self.reward_model.hparams.n_vocab,
+            padding_token=self.reward_model.padding_token,
+        )
+        self.run.record_data('labels', label_fingerprint(labels, self.held_out_labels),
+                             source=label_source(self.hparams.labels.source))
+        if self.query_sampler is not None:
+            self.run.record_data('queries', self.query_sampler.sampler.fingerprint)
+        return labels
+
+    def evaluate_labels(self):
+        """Ours: {'eval': the held-out labels' results, 'eval_train': the training labels' (eval_train_labels)}."""
+        results = {}
         if self.held_out_labels is not None:
             results['eval'] = self.evaluate(self.held_out_labels, name='eval')
         elif utils.is_root():
             print(f'no held-out labels: {self.hparams.labels.source} has no records past labels.num_train')
         if self.hparams.eval_train_labels:
             results['eval_train'] = self.evaluate(self.train_buffer.data(), name='eval_train')
-
-        if self.hparams.normalize_after:
-            target_mean, target_std = 0.0, 1.0
-            results['normalize_after'] = self.normalize(self.sample_policy_responses, target_mean, target_std)
         return results
 
     def save(self, *, done=True):

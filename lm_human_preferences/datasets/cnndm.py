@@ -20,11 +20,13 @@ from lm_human_preferences.utils import gcs
 
 # The original's URL lists (data originally from https://github.com/abisee/cnn-dailymail); `{mode}` is
 # 'train', 'val' or 'test'.
-URL_LISTS_URL = 'https://openaipublic.blob.core.windows.net/lm-human-preferences/datasets/cnndm/url_lists/all_{mode}.txt'
+URL_LISTS_URL = ('https://openaipublic.blob.core.windows.net/lm-human-preferences/datasets/cnndm/url_lists/'
+                 'all_{mode}.txt')
 # The DeepMind Q&A story tarballs: members are `cnn/stories/<sha1>.story`, `dailymail/stories/<sha1>.story`.
+_STORIES = 'https://huggingface.co/datasets/cnn_dailymail/resolve/11343c3752184397d56efc19a8a7cceb68089318/data'
 STORIES_URLS = {
-    'cnn': 'https://huggingface.co/datasets/cnn_dailymail/resolve/11343c3752184397d56efc19a8a7cceb68089318/data/cnn_stories.tgz',
-    'dailymail': 'https://huggingface.co/datasets/cnn_dailymail/resolve/11343c3752184397d56efc19a8a7cceb68089318/data/dailymail_stories.tgz',
+    'cnn': f'{_STORIES}/cnn_stories.tgz',
+    'dailymail': f'{_STORIES}/dailymail_stories.tgz',
 }
 
 

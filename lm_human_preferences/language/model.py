@@ -146,7 +146,8 @@ class KVCache:
         for layer in range(n_layer):
             cache.keys[layer][:, :, :p] = past[:, layer, 0]
             cache.values[layer][:, :, :p] = past[:, layer, 1]
-        real = torch.ones(b, p, dtype=torch.bool, device=past.device) if past_tokens is None else past_tokens != padding_token
+        real = torch.ones(b, p, dtype=torch.bool, device=past.device) if past_tokens is None \
+            else past_tokens != padding_token
         cache.real[:, :p] = real
         cache.n_real += real.sum(dim=1)
         cache.length += p
@@ -355,7 +356,8 @@ class Model(nn.Module):
     def _arange(self, n):
         """arange(n) on the model's device, sliced from a buffer made once (more than n_ctx tokens can come
         with pads, which take no position)."""
-        return self.position_ids[:n] if n <= len(self.position_ids) else torch.arange(n, device=self.position_ids.device)
+        ids = self.position_ids
+        return ids[:n] if n <= len(ids) else torch.arange(n, device=ids.device)
 
     def _check_inputs(self, past, real, positions, sequence, padding_token):
         """The checks that read values on the host (see forward's check_inputs)."""

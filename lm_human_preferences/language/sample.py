@@ -26,35 +26,28 @@ def queries_and_draws(queries, length):
 @torch.no_grad()
 def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_k=0, top_p=1.0,
                     extra_outputs=(), generator=None, uniforms=None, cuda_graph=False):
-    """
-    Sampling from an autoregressive sequence model.
+    """Sampling from an autoregressive sequence model.
 
     Inputs:
         step: A function which takes model hparams, a tokens tensor and past, and returns a dictionary
-            with 'logits' [b, s, n_vocab], 'presents' (passed back as past), and any extra outputs [b, s].
-            It is called once on the context, then once per new token on the last token [b, 1]. (The
-            original also passed the tokens before it, past_tokens, to mask their pads; our KV cache keeps
-            which of its positions are pads: see language/model.py.)
+            with 'logits' [b, s, n_vocab], 'presents' (passed back as past), and any extra outputs [b, s];
+            called on the context, then on each new token [b, 1]. (The original also passed past_tokens to
+            mask their pads; our KV cache keeps which of its positions are pads: language/model.py.)
         context: Includes start tokens, [b, c].
         length: number of tokens to sample (always exactly this many: the original's `cond` is unused).
-        extra_outputs: keys of step's outputs to collect, e.g. ('values',). (The original took a map
-            from key to dtype; the dtype comes from the tensors here.)
-        uniforms: [b, length] float64 uniforms, the draw of each sampled token (draw_uniforms); by
-            default drawn from `generator` (a torch.Generator, or the global stream) before the loop.
-        cuda_graph: ours, on CUDA: capture one decoding step as a CUDA graph and replay it for each later
-            token (the original's tf.while_loop was a graph too), which dispatches one graph per token
-            instead of hundreds of kernels. step must then extend `past` in place and return tensors of
-            the same shapes each call (Policy.respond's step does).
-    Returns:
-        A dict with 'tokens' [b, c + length] (context then samples), 'presents', 'logprobs'
-        [b, length] and one [b, length] entry per extra output: entry i is the output at the position
-        that predicted sampled token i.
+        extra_outputs: keys of step's outputs to collect, e.g. ('values',) (the original also took dtypes).
+        uniforms: ours, [b, length] float64, each sampled token's draw (draw_uniforms); by default drawn
+            from `generator` (a torch.Generator, or the global stream) before the loop.
+        cuda_graph: ours, on CUDA: one decoding step captured as a CUDA graph and replayed for each later
+            token (the original's tf.while_loop was a graph too); step must then extend `past` in place and
+            return tensors of the same shapes each call (Policy.respond's step does).
+    Returns: a dict with 'tokens' [b, c + length] (context then samples), 'presents', 'logprobs' [b, length]
+        and one [b, length] entry per extra output (entry i: at the position that predicted token i).
     """
     if length < 1:
         raise ValueError(f'sample_sequence: length must be >= 1, got {length}')
-    batch_size, context_length = context.shape
     if uniforms is None:
-        uniforms = draw_uniforms(batch_size, length, generator=generator, device=context.device)
+        uniforms = draw_uniforms(len(context), length, generator=generator, device=context.device)
 
     beta = 1 / max(temperature, 1e-10)
 

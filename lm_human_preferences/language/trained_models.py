@@ -51,8 +51,9 @@ class TrainedModel():
             elif source == 'offline':
                 self.savedir = offline_model_dir(name)
                 if not os.path.isdir(self.savedir):
-                    raise FileNotFoundError(f"model {name!r} is the {name} experiment's initial model, which is not made "
-                                            f"yet: python launch.py train_policy {name} NAME makes it in {self.savedir}")
+                    raise FileNotFoundError(f"model {name!r} is the {name} experiment's initial model, which is "
+                                            f"not made yet: python launch.py train_policy {name} NAME makes it in "
+                                            f"{self.savedir}")
             if self.savedir is not None:
                 _check_dir(self.savedir)
             if self.savedir is not None and hf_import.is_hf_folder(self.savedir):
@@ -66,8 +67,8 @@ class TrainedModel():
 
     def download_release(self):
         """Download the GPT-2 release files (collective, as gcs.download_file_cached); returns their dir."""
-        paths = [gcs.download_file_cached(self._release_url(f), cache_dir=os.path.join(gcs.saved_models_dir(), 'downloads'))
-                 for f in GPT2_RELEASE_FILES]
+        cache_dir = os.path.join(gcs.saved_models_dir(), 'downloads')
+        paths = [gcs.download_file_cached(self._release_url(f), cache_dir=cache_dir) for f in GPT2_RELEASE_FILES]
         return os.path.dirname(paths[0])
 
     def checkpoint(self):
@@ -90,7 +91,8 @@ class TrainedModel():
         if prefix is None:
             raise FileNotFoundError(
                 f'no checkpoint in {self.savedir}: expected {self.savedir}/checkpoints/model-<step>.safetensors '
-                f'or a TensorFlow checkpoint state file {self.savedir}/checkpoint or {self.savedir}/checkpoints/checkpoint')
+                f'or a TensorFlow checkpoint state file {self.savedir}/checkpoint or '
+                f'{self.savedir}/checkpoints/checkpoint')
         # Converted once per checkpoint: the cache key is the checkpoint's path, its mtime and the scope.
         index = prefix + '.index'
         key = f'{os.path.realpath(prefix)}|{os.stat(index).st_mtime_ns}|{self.scope}'

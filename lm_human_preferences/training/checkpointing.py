@@ -417,8 +417,6 @@ def load_latest_train_state(save_dir, *, modules: Dict[str, torch.nn.Module], op
     save dir must be visible to every process, as it already is for the reward model that train_policy
     loads). The state holds every rank's streams, so it resumes under any number of processes.
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
     samplers = dict(samplers or {})
     chosen = None
     if core.is_root() and save_dir:
@@ -433,15 +431,7 @@ def load_latest_train_state(save_dir, *, modules: Dict[str, torch.nn.Module], op
         return None
     step, sidecar = chosen
     tensors_path, source = _paths(os.path.join(save_dir, TRAIN_STATE_SUBDIR), step)
-    if sidecar['world_size'] != core.get_world_size():
-        raise CheckpointError(f'{source} was written by {sidecar["world_size"]} ranks, this run has '
-                              f'{core.get_world_size()}: resume with --mpi {sidecar["world_size"]}')
-    if sorted(modules) != sidecar['modules']:
-        raise CheckpointError(f'{source} holds modules {sidecar["modules"]}, this run saves {sorted(modules)}')
-    try:
-        tensors = load_file(tensors_path)
-    except SafetensorError as e:
-        raise CheckpointError(f'{tensors_path} is not a valid safetensors file: {e}') from None
+    tensors = _read_state(sidecar, tensors_path, source, modules)
 
     for name, module in modules.items():
         if name in sidecar['module_checkpoints']:  # its weights are in the model checkpoint of this step
@@ -452,22 +442,7 @@ def load_latest_train_state(save_dir, *, modules: Dict[str, torch.nn.Module], op
         _check_keys(source, f'{name} tensor', state, module.state_dict())
         module.load_state_dict(state)
 
-    opt = optimizer.state_dict()
-    opt_state = {}
-    for key, v in tensors.items():
-        if key.startswith('optimizer.'):
-            _, idx, k = key.split('.', 2)
-            opt_state.setdefault(int(idx), {})[k] = v
-    for idx, scalars in sidecar['optimizer']['state_scalars'].items():
-        opt_state.setdefault(int(idx), {}).update(scalars)
-    param_groups = sidecar['optimizer']['param_groups']
-    if [g['params'] for g in param_groups] != [g['params'] for g in opt['param_groups']]:
-        raise CheckpointError(f'{source}: the optimizer state is for other parameters than this run\'s')
-    # JSON has no tuples: give back the types the optimizer uses (e.g. betas).
-    param_groups = [{k: tuple(v) if isinstance(ours.get(k), tuple) else v for k, v in g.items()}
-                    for g, ours in zip(param_groups, opt['param_groups'])]
-    # load_state_dict moves the state tensors to each parameter's device and dtype.
-    optimizer.load_state_dict(dict(state=opt_state, param_groups=param_groups))
+    _load_optimizer(optimizer, tensors, sidecar['optimizer'], source)
 
     extra = dict(sidecar['extra'])
     for k, kind in sidecar['extra_tensors'].items():
@@ -482,6 +457,42 @@ def load_latest_train_state(save_dir, *, modules: Dict[str, torch.nn.Module], op
         sampler.skip_to(sidecar['samplers'][k])
     _set_rng_states(sidecar['rng']['process'], sidecar['rng']['ranks'])
     return TrainState(step=step, extra=extra, path=source)
+
+
+def _read_state(sidecar, tensors_path, source, modules):
+    """The tensors of a training state that fits this run (its ranks and modules)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    if sidecar['world_size'] != core.get_world_size():
+        raise CheckpointError(f'{source} was written by {sidecar["world_size"]} ranks, this run has '
+                              f'{core.get_world_size()}: resume with --mpi {sidecar["world_size"]}')
+    if sorted(modules) != sidecar['modules']:
+        raise CheckpointError(f'{source} holds modules {sidecar["modules"]}, this run saves {sorted(modules)}')
+    try:
+        return load_file(tensors_path)
+    except SafetensorError as e:
+        raise CheckpointError(f'{tensors_path} is not a valid safetensors file: {e}') from None
+
+
+def _load_optimizer(optimizer, tensors, saved, source):
+    """The optimizer's state from a training state's tensors (optimizer.<param index>.<name>) and its sidecar's
+    scalars and param_groups."""
+    opt = optimizer.state_dict()
+    opt_state = {}
+    for key, v in tensors.items():
+        if key.startswith('optimizer.'):
+            _, idx, k = key.split('.', 2)
+            opt_state.setdefault(int(idx), {})[k] = v
+    for idx, scalars in saved['state_scalars'].items():
+        opt_state.setdefault(int(idx), {}).update(scalars)
+    param_groups = saved['param_groups']
+    if [g['params'] for g in param_groups] != [g['params'] for g in opt['param_groups']]:
+        raise CheckpointError(f'{source}: the optimizer state is for other parameters than this run\'s')
+    # JSON has no tuples: give back the types the optimizer uses (e.g. betas).
+    param_groups = [{k: tuple(v) if isinstance(ours.get(k), tuple) else v for k, v in g.items()}
+                    for g, ours in zip(param_groups, opt['param_groups'])]
+    # load_state_dict moves the state tensors to each parameter's device and dtype.
+    optimizer.load_state_dict(dict(state=opt_state, param_groups=param_groups))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -241,7 +241,8 @@ def plot_learning_curves(save_dir, kinds=('reward', 'policy')):
             title = f"{'train_reward' if kind == 'reward' else 'train_policy'}: {os.path.normpath(save_dir)}"
             written.append(_draw(panels, os.path.join(save_dir, PNG_FILES[kind]), title=title))
         elif panels is not None:
-            print(f'plots: {os.path.join(save_dir, STATS_FILES[kind])} has none of the plotted metrics', file=sys.stderr)
+            print(f'plots: {os.path.join(save_dir, STATS_FILES[kind])} has none of the plotted metrics',
+                  file=sys.stderr)
     if not written and all(_panels(save_dir, k) is None for k in kinds):
         expected = ' or '.join(STATS_FILES[k] for k in kinds)
         raise FileNotFoundError(f'no stats to plot in {save_dir}: expected {expected}')

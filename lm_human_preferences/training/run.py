@@ -257,7 +257,8 @@ class Progress:
 
     def __call__(self):
         per_step = (time.time() - self.started) / max(self.done - self.start, 1)
-        return f'{self.done}/{self.total} done, {per_step:.3g} s/step, ETA {_duration(per_step * (self.total - self.done))}'
+        eta = _duration(per_step * (self.total - self.done))
+        return f'{self.done}/{self.total} done, {per_step:.3g} s/step, ETA {eta}'
 
     def tenth(self):
         """Whether done is the last step or a multiple of a tenth of the total (to print a line)."""
@@ -336,7 +337,8 @@ class Run:
                 if flat.get(k) is not None]
         where = (f'saving to {self.save_dir} (all hparams: {self.kind}_hparams.json)' if self.save_dir
                  else 'no run.save_dir: nothing is saved')
-        print(f'{self.kind}: {_count(core.get_world_size(), "rank")} in {_count(ranks.num_processes(), "process")}; {where}')
+        layout = f'{_count(core.get_world_size(), "rank")} in {_count(ranks.num_processes(), "process")}'
+        print(f'{self.kind}: {layout}; {where}')
         print('  ' + ', '.join(f'{k}={flat[k]}' for k in keys))
 
     def record_data(self, name, fingerprint, *, source=None):
@@ -520,8 +522,8 @@ class Run:
             else:
                 lines += [f'  use it:       python launch.py train_policy EXPERIMENT NAME --rewards.trained_model '
                           f'{self.model_dir} --rewards.train_new_model off',
-                          f'  export:       python sample.py export --save_dir {self.save_dir} --savescope reward_model '
-                          f'--out HF_DIR']
+                          f'  export:       python sample.py export --save_dir {self.save_dir} '
+                          f'--savescope reward_model --out HF_DIR']
         return '\n'.join(lines)
 
 

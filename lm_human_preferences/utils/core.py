@@ -406,7 +406,8 @@ def _processes_sum(value):
         out = _allreduce_tensor_sum(torch.from_numpy(np.ascontiguousarray(arr))).numpy()
         return out if isinstance(value, np.ndarray) else out[()]
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        out = _allreduce_tensor_sum(torch.tensor(value, dtype=torch.float64 if isinstance(value, float) else torch.int64))
+        dtype = torch.float64 if isinstance(value, float) else torch.int64
+        out = _allreduce_tensor_sum(torch.tensor(value, dtype=dtype))
         return type(value)(out.item())
     raise TypeError(f'mpi_allreduce_sum: unsupported value of type {type(value).__name__}')
 

@@ -44,7 +44,8 @@ def check_wandb(name):
         requests.head(base_url, timeout=5)
     except requests.exceptions.RequestException as e:
         raise ValueError(f'{name}: run.wandb is on but the W&B server {base_url} cannot be reached '
-                         f'({type(e).__name__}); set WANDB_MODE=offline to log locally and `wandb sync` later') from None
+                         f'({type(e).__name__}); set WANDB_MODE=offline to log locally and `wandb sync` '
+                         f'later') from None
 
 
 def _netrc_has(url):

@@ -468,23 +468,7 @@ def main(commands_dict, argv=None):
         command = commands_dict.get(argv[0])
         if command is None:
             raise ConfigError(f"unknown command '{argv[0]}' (choose from: {', '.join(commands_dict)})")
-        params = inspect.signature(command).parameters
-        positional, options = _parse_command_line(argv[1:], params)
-        kw = {}
-        names = [p.name for p in params.values() if p.default is inspect.Parameter.empty
-                 and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        if len(positional) != len(names):
-            raise ConfigError(f"{argv[0]} takes {len(names)} arguments ({' '.join(names).upper()}), "
-                              f"got {len(positional)}: {' '.join(positional)}")
-        takes_hparams = any(p.kind is p.VAR_KEYWORD for p in params.values())
-        for key, value in options.items():
-            param = params.get(key)
-            if param is not None and param.kind is not param.VAR_KEYWORD:
-                kw[key] = _convert_option(key, value, param)
-            elif takes_hparams:
-                kw[key] = value  # a dotted hparam override: goes to **extra_hparams
-            else:
-                raise ConfigError(f'{argv[0]} has no option --{key}')
+        positional, kw = _command_arguments(argv[0], command, argv[1:])
         command(*positional, **kw)
         if _joined_group:  # under torchrun
             exit_without_finalizing(0)
@@ -510,6 +494,28 @@ def main(commands_dict, argv=None):
         # A bug: the message holds the failing worker's traceback; the launcher's own stack adds nothing.
         print(f'error: a worker failed:\n{e}', file=sys.stderr)
         sys.exit(1)
+
+
+def _command_arguments(name, command, args):
+    """(positional arguments, keyword arguments) of a command line's args for command (see main)."""
+    params = inspect.signature(command).parameters
+    positional, options = _parse_command_line(args, params)
+    kw = {}
+    names = [p.name for p in params.values() if p.default is inspect.Parameter.empty
+             and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) != len(names):
+        raise ConfigError(f"{name} takes {len(names)} arguments ({' '.join(names).upper()}), "
+                          f"got {len(positional)}: {' '.join(positional)}")
+    takes_hparams = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    for key, value in options.items():
+        param = params.get(key)
+        if param is not None and param.kind is not param.VAR_KEYWORD:
+            kw[key] = _convert_option(key, value, param)
+        elif takes_hparams:
+            kw[key] = value  # a dotted hparam override: goes to **extra_hparams
+        else:
+            raise ConfigError(f'{name} has no option --{key}')
+    return positional, kw
 
 
 def command_help(program, name, command):

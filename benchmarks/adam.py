@@ -29,12 +29,12 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     from lm_human_preferences.language import model
-    from lm_human_preferences.utils import core
+    from lm_human_preferences.training.adam import AdamTF
     hp = model.HParams(**PRESETS[args.preset])
     dev = device()
     paths = dict(chunks=False, foreach=True, default=None)
     nets = {name: model.Model(hp, scalar_heads=['value']).to(dev) for name in paths}
-    optimizers = {name: core.AdamTF(net.parameters(), lr=1e-5, foreach=paths[name]) for name, net in nets.items()}
+    optimizers = {name: AdamTF(net.parameters(), lr=1e-5, foreach=paths[name]) for name, net in nets.items()}
     for name, net in nets.items():
         for p_ in net.parameters():
             p_.grad = torch.randn_like(p_) * 1e-3

@@ -28,6 +28,7 @@ from lm_human_preferences.language import sample, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import TrainedRewardModel
 from lm_human_preferences.training import checkpointing, memory
+from lm_human_preferences.training.adam import AdamTF
 from lm_human_preferences.training.execution import Execution
 from lm_human_preferences.training.run import Progress, Run
 from lm_human_preferences.training.side_by_side import RankBlocks
@@ -350,7 +351,7 @@ class PPOTrainer:
         self.ranks = RankBlocks()
 
         # TF1's AdamOptimizer(epsilon=1e-5) (see AdamTF); the lr is set before every minibatch.
-        self.optimizer = utils.AdamTF(self.policy.parameters(), lr=hparams.ppo.lr, eps=1e-5)
+        self.optimizer = AdamTF(self.policy.parameters(), lr=hparams.ppo.lr, eps=1e-5)
 
         # Ours: the training/run.Run that logs the stats (None: one that saves nothing).
         self.run = run if run is not None else Run(hparams, 'train_policy')

@@ -19,6 +19,7 @@ from lm_human_preferences import label_types, lm_tasks, rewards
 from lm_human_preferences.language import sample, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.training import checkpointing, memory
+from lm_human_preferences.training.adam import AdamTF
 from lm_human_preferences.training.execution import Execution, PortRunHParams
 from lm_human_preferences.training.run import Progress, Run
 from lm_human_preferences.training.side_by_side import RankBlocks, RankGradients
@@ -260,7 +261,7 @@ class RewardModelTrainer():
 
         # The original's utils.minimize: gradients all-reduce-averaged over ranks, then TF1 Adam with
         # epsilon 1e-5 over all reward model params (the reward gain and bias included), no clipping.
-        self.optimizer = utils.AdamTF(self.reward_model.parameters(), lr=hparams.lr, eps=1e-5)
+        self.optimizer = AdamTF(self.reward_model.parameters(), lr=hparams.lr, eps=1e-5)
         self.rank_gradients = RankGradients(self.reward_model.parameters())
         # Minibatches trained so far (the original's train_step variable): the only training position.
         self.global_step = 0

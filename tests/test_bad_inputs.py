@@ -28,8 +28,8 @@ import torch
 
 from lm_human_preferences import rewards
 from lm_human_preferences.language import checkpoints, trained_models
-from lm_human_preferences.utils import core
 from lm_human_preferences.training import checkpointing
+from lm_human_preferences.training.adam import AdamTF
 from test_resume import NAME, TEST_TASK, finish, last_line, launch_cli, run_in_process, write_labels
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite only (the fast tier is -m "not slow")
@@ -304,7 +304,7 @@ def test_non_finite_loss_keeps_the_last_good_state(results):
     assert sorted(os.listdir(model_dir / 'train_state')) == ['state-1.json', 'state-1.safetensors']
     rm = rewards.RewardModelTrainer(trained_models.TrainedModel('test'))
     state = checkpointing.load_latest_train_state(str(model_dir), modules=dict(reward_model=rm),
-                                                  optimizer=core.AdamTF(rm.parameters(), lr=1))
+                                                  optimizer=AdamTF(rm.parameters(), lr=1))
     assert state.step == 1 and all(torch.isfinite(p).all() for p in rm.parameters())
 
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from lm_human_preferences.training import checkpointing as ckpt
+from lm_human_preferences.training.adam import AdamTF
 from lm_human_preferences.utils import core, files, hyperparams, launch, ranks
 
 
@@ -32,7 +33,7 @@ class Net(torch.nn.Module):
 def make(seed=0):
     torch.manual_seed(seed)
     net = Net()
-    return net, core.AdamTF(net.parameters(), lr=1e-2)
+    return net, AdamTF(net.parameters(), lr=1e-2)
 
 
 def counter_sampler():
@@ -287,7 +288,7 @@ def test_mismatched_run_is_refused_on_load(tmp_path):
     bigger.lin, bigger.head = torch.nn.Linear(4, 5), torch.nn.Linear(5, 1)
     bigger.register_buffer('gain', torch.ones(()))
     with pytest.raises(ckpt.CheckpointError, match=r"'lin.weight' has shape \[3, 4\], this run expects \[5, 4\]"):
-        ckpt.load_latest_train_state(tmp_path, modules=dict(net=bigger), optimizer=core.AdamTF(bigger.parameters(), lr=1))
+        ckpt.load_latest_train_state(tmp_path, modules=dict(net=bigger), optimizer=AdamTF(bigger.parameters(), lr=1))
     with pytest.raises(ckpt.CheckpointError, match=r"holds modules \['net'\], this run saves \['policy'\]"):
         ckpt.load_latest_train_state(tmp_path, modules=dict(policy=net), optimizer=opt)
     with pytest.raises(ckpt.CheckpointError, match='has positions of samplers'):

@@ -14,6 +14,7 @@ import torch
 
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import ranks
+from lm_human_preferences.training import adam
 
 
 def test_exact_div():
@@ -393,7 +394,7 @@ def _adam_problem():
 def test_adam_tf_matches_tf1_adam():
     init, grads, lrs = _adam_problem()
     want = _tf_adam_trajectory(init, grads, lrs)
-    got = _torch_trajectory(utils.AdamTF, init, grads, lrs, eps=1e-5)
+    got = _torch_trajectory(adam.AdamTF, init, grads, lrs, eps=1e-5)
     for step, (w, g) in enumerate(zip(want, got)):
         np.testing.assert_allclose(g, w, rtol=0, atol=1e-6, err_msg=f'step {step}')
         assert np.max(np.abs(g - init)) > 1e-4  # the weights did move
@@ -403,9 +404,9 @@ def test_adam_tf_in_chunks_is_the_same_update(monkeypatch):
     # On CPU the update runs in chunks of _ADAM_CHUNK values with reused scratch buffers: the same ops per
     # value, so the trajectory must equal TF's and, bit for bit, the unchunked one.
     init, grads, lrs = _adam_problem()
-    whole = _torch_trajectory(utils.AdamTF, init, grads, lrs)
-    monkeypatch.setattr(utils, '_ADAM_CHUNK', 10)  # 64 values: 6 full chunks and a partial one
-    chunked = _torch_trajectory(utils.AdamTF, init, grads, lrs)
+    whole = _torch_trajectory(adam.AdamTF, init, grads, lrs)
+    monkeypatch.setattr(adam, '_ADAM_CHUNK', 10)  # 64 values: 6 full chunks and a partial one
+    chunked = _torch_trajectory(adam.AdamTF, init, grads, lrs)
     want = _tf_adam_trajectory(init, grads, lrs)
     for step, (c, w, t) in enumerate(zip(chunked, whole, want)):
         np.testing.assert_array_equal(c, w, err_msg=f'step {step}')
@@ -420,7 +421,7 @@ def test_adam_tf_foreach_is_the_same_update():
     def trajectory(foreach):
         params = [torch.nn.Parameter(torch.tensor(init[:40])), torch.nn.Parameter(torch.tensor(init[40:]).view(4, 6)),
                   torch.nn.Parameter(torch.ones(3))]
-        opt = utils.AdamTF(params, lr=lrs[0], foreach=foreach)
+        opt = adam.AdamTF(params, lr=lrs[0], foreach=foreach)
         out = []
         for g, lr in zip(grads, lrs):
             opt.param_groups[0]['lr'] = lr
@@ -445,15 +446,15 @@ def test_torch_adam_does_not_match_tf1_adam():
 
 def test_adam_tf_state_dict_round_trip():
     init, grads, lrs = _adam_problem()
-    full = _torch_trajectory(utils.AdamTF, init, grads, lrs)
+    full = _torch_trajectory(adam.AdamTF, init, grads, lrs)
     p = torch.nn.Parameter(torch.tensor(init))
-    opt = utils.AdamTF([p], lr=lrs[0])
+    opt = adam.AdamTF([p], lr=lrs[0])
     for g, lr in zip(grads[:4], lrs[:4]):
         opt.param_groups[0]['lr'] = lr
         p.grad = torch.tensor(g)
         opt.step()
     p2 = torch.nn.Parameter(p.detach().clone())
-    opt2 = utils.AdamTF([p2], lr=0.0)
+    opt2 = adam.AdamTF([p2], lr=0.0)
     opt2.load_state_dict(opt.state_dict())  # the beta powers travel with the param groups
     for g, lr in zip(grads[4:], lrs[4:]):
         opt2.param_groups[0]['lr'] = lr

@@ -193,7 +193,7 @@ def test_checkpoints_pruned_and_states_refer_to_them(tmp_path):
     data[-3] ^= 1
     path.write_bytes(bytes(data))
     policy = train_policy.Policy(train_policy.trained_models.TrainedModel('test'))
-    optimizer = train_policy.utils.AdamTF(policy.parameters(), lr=1e-3)
+    optimizer = train_policy.AdamTF(policy.parameters(), lr=1e-3)
     with pytest.warns(checkpointing.CheckpointWarning, match='refers to a model checkpoint that fails: .*model-6'):
         loaded = checkpointing.load_latest_train_state(str(policy_dir), modules=dict(policy=policy), optimizer=optimizer,
                                                        samplers=dict(query=checkpointing.CountingSampler(lambda: None)))
@@ -203,13 +203,13 @@ def test_checkpoints_pruned_and_states_refer_to_them(tmp_path):
 def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
     """An update that leaves a weight NaN (with a finite loss and gradient before it: today --ppo.lr nan is
     refused at launch, which once saved all-NaN weights) stops the run before it saves them."""
-    step = train_policy.utils.AdamTF.step
+    step = train_policy.AdamTF.step
 
     def step_then_break(self, *args, **kwargs):
         step(self, *args, **kwargs)
         with torch.no_grad():
             self.param_groups[0]['params'][0].view(-1)[0] = float('nan')
-    monkeypatch.setattr(train_policy.utils.AdamTF, 'step', step_then_break)
+    monkeypatch.setattr(train_policy.AdamTF, 'step', step_then_break)
     save_dir = tmp_path / 'run'
     with pytest.raises(train_policy.utils.NonFiniteError, match='non-finite policy parameters at step 1'):
         train_policy.train(policy_hparams(save_dir, **{'run.save_interval': 1}))

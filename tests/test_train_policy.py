@@ -456,7 +456,7 @@ def test_first_minibatch_ratio_is_one(tmp_path, monkeypatch, bf16, device):
                                  'ppo.batch_size': 64, 'ppo.total_episodes': 64, 'ppo.nminibatches': 1,
                                  'run.bf16': bf16})
     trainer.policy, trainer.ref_policy = policy, ref_policy
-    trainer.optimizer = train_policy.utils.AdamTF(policy.parameters(), lr=1e-3)
+    trainer.optimizer = train_policy.AdamTF(policy.parameters(), lr=1e-3)
     trainer.sample_queries = lambda: torch.randint(0, 27, (64, 32), device=device)
 
     sampled, ratios = [], []

@@ -17,6 +17,7 @@ import torch
 from lm_human_preferences import label_types, rewards, train_reward
 from lm_human_preferences.language import checkpoints, trained_models
 from lm_human_preferences.utils import core, gcs
+from lm_human_preferences.training.adam import AdamTF
 
 N_VOCAB, PAD = 27, 27  # the `test` encoding: 27 characters, padding token len(vocab)
 
@@ -453,11 +454,11 @@ def test_downloaded_labels_are_checked_before_the_cache(label_server, monkeypatc
 def test_lr_decays_linearly_over_one_epoch(monkeypatch):
     """One epoch: num_train / batch_size Adam steps, lr = lr * (1 - start_index / num_train)."""
     lrs = []
-    original_step = core.AdamTF.step
+    original_step = AdamTF.step
     def step(self, closure=None):
         lrs.append(self.param_groups[0]['lr'])
         return original_step(self, closure)
-    monkeypatch.setattr(core.AdamTF, 'step', step)
+    monkeypatch.setattr(AdamTF, 'step', step)
     train_reward_test({'labels.num_train': 32, 'lr': 1e-3})
     assert lrs == pytest.approx([1e-3, 0.75e-3, 0.5e-3, 0.25e-3])
 

@@ -47,6 +47,7 @@ from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import files
 from lm_human_preferences.training import plots
+from lm_human_preferences.training.adam import AdamTF
 from lm_human_preferences.training.execution import Execution
 from lm_human_preferences.training.run import Progress
 
@@ -197,7 +198,7 @@ def pretrain(exp: OfflineExperiment, out_dir, key):
         torch.manual_seed(hparams.seed)
         lm = model.Model(model_hparams)
     generator = torch.Generator().manual_seed(hparams.seed)
-    optimizer = utils.AdamTF(lm.parameters(), lr=hparams.lr)
+    optimizer = AdamTF(lm.parameters(), lr=hparams.lr)
     offsets = torch.arange(hparams.n_ctx + 1)
     products_dtype = pretraining_products_dtype(hparams)
     progress = Progress(hparams.steps)

@@ -53,3 +53,14 @@ def test_a_clone_without_shared_files_runs_every_test_but_one_that_says_how_to_g
     assert len(skips) == 1 and '9 passed, 1 skipped' in out, out[-3000:]
     assert (f"needs OpenAI's public GPT-2 124M files hparams.json, model.ckpt.index in {tmp_path / 'no-shared' / 'gpt2-124M'}: "
             f"download them from https://openaipublic.blob.core.windows.net/gpt-2/models/124M/<file>") in skips[0]
+
+
+def test_license_names_every_bundled_notice():
+    """The LICENSE covers this code and points at the notice of every bundled file under other terms: the files
+    it names exist, and every license file shipped in the package is named."""
+    import re
+    text = (REPO_ROOT / 'LICENSE').read_text()
+    assert text.startswith('MIT License') and 'OpenAI' in text
+    named = set(re.findall(r'(lm_human_preferences/[\w/.-]*(?:LICENSE[\w-]*))', text.replace('\n  ', '')))
+    shipped = {str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / 'lm_human_preferences').rglob('LICENSE*')}
+    assert named == shipped and all((REPO_ROOT / n).is_file() for n in named), (named, shipped)

@@ -65,8 +65,8 @@ def logprobs(policy, queries, responses, projection):
                 return policy.analyze_responses(queries, responses)['logprobs']
         if projection == 'this device':
             return policy.analyze_responses(queries, responses)['logprobs']
-        original = bf16._fp32_matmul_backend
-        bf16._fp32_matmul_backend = lambda device_type: None  # fp32 products
+        original = bf16._fast_fp32_precision
+        bf16._fast_fp32_precision = lambda device_type: None  # fp32 products
         try:
             if projection == 'fp32 products':
                 return policy.analyze_responses(queries, responses)['logprobs']
@@ -77,7 +77,7 @@ def logprobs(policy, queries, responses, projection):
             finally:
                 bf16._LogprobsEntropies.apply = rounded
         finally:
-            bf16._fp32_matmul_backend = original
+            bf16._fast_fp32_precision = original
 
 
 def main():

@@ -107,7 +107,7 @@ def test_attention_and_its_cache_are_bf16():
     torch.testing.assert_close(out['lm_logits'], fp32, atol=0.05, rtol=0.05)
 
 
-@pytest.mark.skipif(bf16._fp32_matmul_backend('cpu') is None,
+@pytest.mark.skipif(bf16._fast_fp32_precision('cpu') is None,
                     reason="this CPU has no native bf16 (AVX512-BF16 or AMX), so its fp32 matmuls have no faster mode")
 def test_the_vocab_projection_and_its_backward_run_at_the_fast_precision():
     hp, m = small_model()
@@ -143,10 +143,10 @@ def test_logprobs_and_entropies_match_the_reference(monkeypatch, fast):
     """The one-pass kernel against the original's formulas (core.logprobs_from_logits, entropy_from_logits) on
     the same hidden states, in products of 7 rows and passes of 3; with fp32 products the same to fp32 rounding, with the fast
     products (where this CPU has them) to their rounding."""
-    if fast and bf16._fp32_matmul_backend('cpu') is None:
+    if fast and bf16._fast_fp32_precision('cpu') is None:
         pytest.skip('this CPU has no native bf16 (AVX512-BF16 or AMX)')
     if not fast:
-        monkeypatch.setattr(bf16, '_fp32_matmul_backend', lambda device_type: None)
+        monkeypatch.setattr(bf16, '_fast_fp32_precision', lambda device_type: None)
     monkeypatch.setitem(bf16.PRODUCT_BYTES, 'cpu', 7 * 4 * 300)
     monkeypatch.setitem(bf16.PASS_BYTES, 'cpu', 3 * 4 * 300)
     torch.manual_seed(0)
@@ -207,3 +207,12 @@ def test_bf16_kl_within_one_percent_of_fp32():
     assert kl['fp32'] > 1
     assert abs(kl['bf16'] - kl['fp32']) <= 0.01 * kl['fp32'], kl
     assert (logprobs['bf16'] - logprobs['fp32']).abs().mean() < 0.05
+
+
+def test_the_fast_precision_keeps_torchs_flags_in_step():
+    """On CUDA the block turns TF32 on through the API that keeps torch's old and new flags in step: cuBLAS reads
+    the old one and refuses every matmul when they disagree (checked here on the flags, which a CPU build has)."""
+    before = torch.get_float32_matmul_precision()
+    with bf16.fast_fp32_matmuls('cuda'):
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cuda.matmul.fp32_precision == 'tf32'
+    assert torch.get_float32_matmul_precision() == before and not torch.backends.cuda.matmul.allow_tf32

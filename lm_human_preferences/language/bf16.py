@@ -72,48 +72,31 @@ def cast_once(weight):
 # ---------------------------------------------------------------------------------------------------
 # fp32 matmuls at tensor-core speed
 
-def _fp32_matmul_backend(device_type):
-    """(the torch.backends object whose fp32_precision applies, the faster precision), or None where there is
-    no faster one: CUDA's TF32 (10 mantissa bits, fp32 accumulation); on a CPU with native bf16, oneDNN's bf16
-    mode (fp32 in and out)."""
+def _fast_fp32_precision(device_type):
+    """torch's float32 matmul precision that runs fp32 matmuls faster on this device, or None: 'high' on CUDA
+    (TF32: 10 mantissa bits in, fp32 accumulation); 'medium' on a CPU with native bf16 (oneDNN's bf16 mode: fp32
+    in and out). torch.set_float32_matmul_precision keeps its old per-backend flags and its new ones in step
+    (setting a backend's new flag alone makes cuBLAS refuse every matmul as a mix of the two)."""
     if device_type == 'cuda':
-        return torch.backends.cuda.matmul, 'tf32'
-    if device_type == 'cpu' and native_bf16_cpu() and hasattr(torch.backends.mkldnn, 'matmul'):
-        return torch.backends.mkldnn.matmul, 'bf16'
+        return 'high'
+    if device_type == 'cpu' and native_bf16_cpu():
+        return 'medium'
     return None
 
 
 @contextlib.contextmanager
 def fast_fp32_matmuls(device_type):
     """fp32 matmuls in the block run at the device's faster precision (none: unchanged)."""
-    backend = _fp32_matmul_backend(device_type)
-    if backend is None:
+    fast = _fast_fp32_precision(device_type)
+    if fast is None:
         yield
         return
-    matmul, fast = backend
-    if not hasattr(matmul, 'fp32_precision'):  # torch < 2.9: only CUDA's flag
-        with _tf32_flag(matmul, device_type):
-            yield
-        return
-    before = matmul.fp32_precision
-    matmul.fp32_precision = fast
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(fast)
     try:
         yield
     finally:
-        matmul.fp32_precision = before
-
-
-@contextlib.contextmanager
-def _tf32_flag(matmul, device_type):
-    if device_type != 'cuda':
-        yield
-        return
-    before = matmul.allow_tf32
-    matmul.allow_tf32 = True
-    try:
-        yield
-    finally:
-        matmul.allow_tf32 = before
+        torch.set_float32_matmul_precision(before)
 
 
 class _FastLinear(torch.autograd.Function):

@@ -4,7 +4,7 @@ its dtypes and shapes, so what runs in which precision is checked on a CPU as it
 - fp32 mode reaches none of them (bit-identical outputs);
 - a weight is cast to bf16 once per update, however many forwards and microbatches use it, and its gradient
   is autocast's;
-- attention and the KV cache are bf16;
+- attention and the KV cache run in attention's dtype (bf16 on CUDA, fp32 on a CPU, where bf16 is slower);
 - the n_vocab projection and its backward run at the fast fp32 precision, with fp32 logits;
 - the policy's logprobs and entropies equal the reference's, and no [tokens, n_vocab] tensor is written but the
   logits (the reference path writes several);
@@ -94,17 +94,33 @@ def test_a_weight_is_cast_once_per_update_and_gets_autocasts_gradient():
         assert p.grad.dtype == torch.float32 and torch.equal(p.grad, q.grad), name
 
 
-def test_attention_and_its_cache_are_bf16():
+@pytest.mark.parametrize('attention', [torch.float32, torch.bfloat16])
+def test_attention_and_its_cache_in_attentions_dtype(monkeypatch, attention):
+    """bf16 mode's attention runs in bf16.attention_dtype: bf16 on CUDA (faster there), fp32 on a CPU (where
+    torch's bf16 attention is slower). Both, seen on this CPU: q, k, v, the mask and the KV cache in that dtype,
+    whatever autocast would pick, and the logits fp32 and close to fp32 mode's."""
+    monkeypatch.setitem(bf16.ATTENTION_DTYPES, 'cpu', attention)
     hp, m = small_model()
     X = torch.tensor([[5, 6, 7, 299, 8], [9, 299, 299, 10, 11]])  # 299: padding inside the rows
     with Ops() as ops, bf16_autocast():
         out = m(X, padding_token=299)
-    attention = [op for op in ops.ops if 'scaled_dot_product' in op[0] and 'attention' in op[0]]
-    assert attention and all(dtype == torch.bfloat16 for op in attention for dtype, _ in op[2])  # q, k, v, mask
-    assert out['present'].keys[0].dtype == torch.bfloat16 and out['lm_logits'].dtype == torch.float32
+    sdpa = [op for op in ops.ops if 'scaled_dot_product' in op[0] and 'attention' in op[0]]
+    assert sdpa and all(dtype == attention for op in sdpa for dtype, _ in op[2])  # q, k, v, mask
+    assert any(op[0] == 'addmm' and op[1][0][0] == torch.bfloat16 for op in ops.ops)  # the projections: bf16
+    assert out['present'].keys[0].dtype == attention and out['lm_logits'].dtype == torch.float32
     with torch.no_grad():
         fp32 = m(X, padding_token=299)['lm_logits']
     torch.testing.assert_close(out['lm_logits'], fp32, atol=0.05, rtol=0.05)
+
+
+def test_attention_is_bf16_on_cuda_and_fp32_on_a_cpu():
+    assert bf16.ATTENTION_DTYPES == {'cuda': torch.bfloat16}
+    with bf16_autocast():
+        assert bf16.attention_dtype('cpu') == torch.float32
+    assert bf16.attention_dtype('cpu') == bf16.attention_dtype('cuda') == torch.float32  # fp32 mode
+    if torch.cuda.is_available():
+        with torch.autocast('cuda', dtype=torch.bfloat16):
+            assert bf16.attention_dtype('cuda') == torch.bfloat16
 
 
 @pytest.mark.skipif(bf16._fast_fp32_precision('cpu') is None,

@@ -17,6 +17,7 @@ import torch
 from lm_human_preferences import label_types, rewards, train_reward
 from lm_human_preferences.language import checkpoints, trained_models
 from lm_human_preferences.utils import core, gcs
+from lm_human_preferences.language import bf16 as bf16_module
 from lm_human_preferences.training.adam import AdamTF
 
 N_VOCAB, PAD = 27, 27  # the `test` encoding: 27 characters, padding token len(vocab)
@@ -480,10 +481,13 @@ def test_bf16_rewards_close_to_fp32():
         fp32 = model.get_rewards(queries, responses)
         with core.autocast(True):
             bf16 = model.get_rewards(queries, responses)
-            # autocast did act: attention, and so the KV cache, is in bf16
+            # autocast did act: the attention keys come from a bf16 matmul (the cache keeps them in attention's
+            # dtype: fp32 on a CPU, so they are exactly bf16 values; bf16 on CUDA)
             keys = model.model(torch.cat([queries, responses], 1), padding_token=PAD)['present'].keys[0]
-            assert keys.dtype == torch.bfloat16
-        assert model.model(queries, padding_token=PAD)['present'].keys[0].dtype == torch.float32
+            assert keys.dtype == bf16_module.attention_dtype(device.type)
+            assert torch.equal(keys, keys.bfloat16().to(keys.dtype))
+        fp32_keys = model.model(queries, padding_token=PAD)['present'].keys[0]
+        assert fp32_keys.dtype == torch.float32 and not torch.equal(fp32_keys.bfloat16().float(), fp32_keys)
     assert bf16.dtype == torch.float32  # rewards (head, gain, bias) stay fp32
     diff = (bf16 - fp32).abs()
     assert 0 < diff.mean() <= 0.02 and diff.max() <= 0.25

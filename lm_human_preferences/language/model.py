@@ -164,23 +164,25 @@ class Attention(nn.Module):
         self.c_attn = Conv1x1(n_state, 3 * n_state, w_init_stdev=1 / math.sqrt(n_state))
         self.c_proj = Conv1x1(n_state, n_state, w_init_stdev=1 / math.sqrt(n_state * hparams.n_layer))
 
-    def forward(self, x, *, batch, cache, write_at, attend_cache, bias):
+    def forward(self, x, *, batch, cache, write_at, attend_cache, bias, dtype=torch.float32):
         """x [b*s, e]. cache: this layer's (keys, values) buffers [b, nh, c, d] or None; this call's keys
         and values are written at positions write_at [s] of it. attend_cache: attend over the whole cache
         (a call that extends one) instead of this call's keys only. bias: [b, 1, s, s or c] additive mask
-        (0 or MASKED) in the activations' dtype, None for plain causal attention."""
+        (0 or MASKED), None for plain causal attention. dtype: attention's (bf16.attention_dtype)."""
         rows, e = x.shape
         s = rows // batch
-        # SDPA with the additive mask is the original's softmax(w*b - 1e10*(1-b)), w = q k^T / sqrt(d). Ours: in
-        # the activations' dtype, bf16 in bf16 mode (the original cast q, k, v to fp32; it ran fp32 only).
-        qkv = self.c_attn(x).view(batch, s, 3, self.n_head, e // self.n_head)
+        # SDPA with the additive mask is the original's softmax(w*b - 1e10*(1-b)), w = q k^T / sqrt(d). The
+        # original computed it in fp32 (it cast q, k, v); ours: in bf16 mode on CUDA, bf16 (bf16.py). One cast of
+        # all three (a no-op in fp32), and autocast switched off: it would pick bf16 itself.
+        qkv = self.c_attn(x).to(dtype).view(batch, s, 3, self.n_head, e // self.n_head)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # [b, nh, s, d] each
-        if cache is not None:
-            cache[0].index_copy_(2, write_at, k)
-            cache[1].index_copy_(2, write_at, v)
-            if attend_cache:
-                k, v = cache  # [b, nh, c, d]
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=bias is None)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            if cache is not None:
+                cache[0].index_copy_(2, write_at, k)
+                cache[1].index_copy_(2, write_at, v)
+                if attend_cache:
+                    k, v = cache  # [b, nh, c, d]
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=bias is None)
         return self.c_proj(a.transpose(1, 2).reshape(rows, e))  # [b*s, e]
 
 
@@ -266,8 +268,8 @@ class Model(nn.Module):
             self._check_inputs(past, real, positions, sequence, padding_token)
         h = (F.embedding(X, self.wte) + F.embedding(positions, self.wpe)).view(batch * sequence, hp.n_embd)
 
-        # Attention, the KV cache and the mask in the activations' dtype (bf16 mode: autocast's).
-        dtype = bf16.autocast_dtype(X.device.type) or self.wte.dtype
+        # Attention, the KV cache and the mask in attention's dtype (fp32; in bf16 mode on CUDA, bf16).
+        dtype = bf16.attention_dtype(X.device.type)
         cache = past if past is not None or not return_present else \
             KVCache.empty(hp, batch, sequence + room, device=X.device, dtype=dtype)
         write_at = None if cache is None else self._extend(cache, real, sequence)  # [s]
@@ -276,7 +278,7 @@ class Model(nn.Module):
         # Transformer
         for layer, block in enumerate(self.h):
             h = block(h, batch=batch, cache=None if cache is None else (cache.keys[layer], cache.values[layer]),
-                      write_at=write_at, attend_cache=past is not None, bias=bias)
+                      write_at=write_at, attend_cache=past is not None, bias=bias, dtype=dtype)
         results = {}
         if cache is not None:
             cache.length += sequence  # after the layers: write_at may be cache.length itself

@@ -18,7 +18,7 @@ from lm_human_preferences.utils import core
 
 # Activations a training pass keeps for its backward pass, in bytes per token, layer and unit of width (the
 # residual stream, the layer norms' inputs, q/k/v and the attention output in fp32, the MLP's 4x wide input
-# and output; under bf16 autocast the matmul inputs and outputs and the attention are bf16).
+# and output; under bf16 autocast the matmul inputs and outputs are bf16, the attention too on CUDA).
 TRAIN_BYTES_PER_TOKEN_LAYER_WIDTH = dict(fp32=66, bf16=45)
 # A forward pass without gradients keeps one layer's temporaries at a time: q/k/v, the attention output and
 # the MLP's hidden layer, fp32 (a little more than needed under bf16).
@@ -51,8 +51,8 @@ def bytes_per_sequence(p: Pass, model_hparams, *, bf16):
             p.logits * vocab * TRAIN_BYTES_PER_LOGIT
     if p.kind == 'forward':
         return p.tokens * e * FORWARD_BYTES_PER_TOKEN_WIDTH + p.logits * vocab * FORWARD_BYTES_PER_LOGIT
-    if p.kind == 'sample':  # its KV cache (in attention's dtype), the prefill's temporaries, the sampler's rows
-        return p.tokens * layers * 2 * e * (2 if bf16 else 4) + p.tokens * e * FORWARD_BYTES_PER_TOKEN_WIDTH + \
+    if p.kind == 'sample':  # its KV cache (fp32: bf16 only on CUDA), the prefill's temporaries, the sampler's rows
+        return p.tokens * layers * 2 * e * 4 + p.tokens * e * FORWARD_BYTES_PER_TOKEN_WIDTH + \
             vocab * SAMPLE_BYTES_PER_LOGIT
     raise ValueError(f'unknown pass kind {p.kind!r}')
 

@@ -415,8 +415,8 @@ class RewardModelTrainer():
         for _ in range(n_batches):
             batches.append(self.sample_policy_batch())
             progress.done += 1
-            if printing and progress.tenth():
-                print(f'[normalize sampling {progress()}]')
+            if printing and progress.due():
+                print(f'[normalize sampling {progress()}]', flush=True)
         return batches
 
     def normalize(self, sample_fn, target_means, target_stds):
@@ -517,8 +517,9 @@ class RewardModelTrainer():
             lr = (1 - start_index / self.hparams.labels.num_train) * self.hparams.lr
             results['train'] = self.train_batch(our_indices, lr)
             progress.done = self.global_step
-            if utils.is_root() and self.global_step % self.hparams.run.log_interval == 0:
-                print(f'[reward_step {progress()}]')  # ours
+            due = progress.due()  # ours: a line every log_interval steps and at least every PRINT_EVERY_S seconds
+            if utils.is_root() and (self.global_step % self.hparams.run.log_interval == 0 or due):
+                print(f'[reward_step {progress()}]', flush=True)
             # Ours: the original saved only at the end; a training state every save_interval batches, and on
             # a stop signal (utils/stopping.py).
             if self.run.save_due(self.global_step):

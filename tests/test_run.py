@@ -530,3 +530,25 @@ def test_fresh_heads_are_one_line_once(tmp_path, capsys):
     path = tmp_path / 'lm' / 'checkpoints' / 'model-3.safetensors'
     assert capsys.readouterr().out == (f'Policy from {path}: value head starts fresh (not in the checkpoint), '
                                        f'as the original intended\n')
+
+
+def test_progress_times_the_steps_after_the_first_and_speaks_every_30_seconds(monkeypatch):
+    """The ETA is taken from the steps after the first (a warm-up: allocations, caches, a CUDA graph's capture),
+    and a long loop prints after its first step, its last, and at least every PRINT_EVERY_S seconds."""
+    clock = [1000.0]
+    monkeypatch.setattr(run.time, 'time', lambda: clock[0])
+    progress = run.Progress(10)
+    clock[0] += 60  # the first step: a minute of warm-up
+    progress.done = 1
+    assert progress.due() and progress() == '1/10 done, 60 s/step, ETA 9m00s'
+    for step in range(2, 6):
+        clock[0] += 2
+        progress.done = step
+        assert not progress.due(), step  # 8 s since the last line: nothing to say for 30 s
+    assert progress() == '5/10 done, 2 s/step, ETA 10s'  # not (60 + 8) / 5 = 13.6 s a step
+    clock[0] += 40
+    progress.done = 6
+    assert progress.due()
+    clock[0] += 1
+    progress.done = 10
+    assert progress.due()  # the last step

@@ -214,7 +214,7 @@ def pretrain(exp: OfflineExperiment, out_dir, key):
         loss.backward()
         optimizer.step()
         progress.done = step + 1
-        if step == 0 or progress.tenth():
+        if progress.due():
             print(f'[{exp.name} pretraining: step {progress()}, loss {loss.item():.3f}]', flush=True)
 
     tmp = f'{out_dir}.tmp-{os.getpid()}'
@@ -314,7 +314,7 @@ def make_labels(exp: OfflineExperiment, hparams: train_reward_module.HParams, pa
                 record.update({f'sample{j}': s[i].tolist() for j, s in enumerate(samples)})
                 records.append(record)
             progress.done += 1
-            if printing and progress.tenth():
+            if printing and progress.due():
                 print(f'[{exp.name} labels: batch {progress()}]', flush=True)
         return records[:per_rank]
 

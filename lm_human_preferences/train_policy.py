@@ -356,6 +356,7 @@ class PPOTrainer:
         # Ours: the training/run.Run that logs the stats (None: one that saves nothing).
         self.run = run if run is not None else Run(hparams, 'train_policy')
         self.progress = None  # ours: the `[ppo_step]` line's total and ETA, from the first step run
+        self.rollout_forward = None  # ours, bf16 mode: see forward_for_first_minibatch
         # elapsed/time and elapsed/fps (the original's tf_times): since start and since the last batch.
         self.start_time = self.last_time = time.time()
 
@@ -411,14 +412,13 @@ class PPOTrainer:
         with torch.no_grad(), self.execution.autocast():
             rollouts = self.policy.respond(queries, length=hparams.task.response_length, uniforms=uniforms,
                                            execution=self.execution)
-            responses = rollouts['responses']
-            if self.execution.bf16:
-                # Ours: under bf16 the sampler's cached decoding and the loss's full forward round
-                # differently, so PPO's ratio would start off 1 by up to ~2e-2 (the clip range is 0.2).
-                # The old logprobs and values are recomputed with the forward the loss uses, as the
-                # reference logprobs are. fp32 keeps the sampler's, as the original (PORTING.md).
-                recomputed = utils.microbatched(self.policy.analyze_responses, microbatch_size, queries, responses)
-                rollouts = dict(rollouts, logprobs=recomputed['logprobs'], values=recomputed['values'])
+        responses = rollouts['responses']
+        if self.execution.bf16:
+            # Ours: under bf16 the sampler's cached decoding and the loss's full forward round differently, so
+            # PPO's ratio would start off 1 by up to ~2e-2 (the clip range is 0.2): the old logprobs and values
+            # are the loss's forward's (fp32 keeps the sampler's, as the original; PORTING.md).
+            rollouts = dict(rollouts, **self.forward_for_first_minibatch(queries, responses))
+        with torch.no_grad(), self.execution.autocast():
             ref_logprobs = utils.microbatched(
                 self.ref_policy.analyze_responses, microbatch_size, queries, responses)['logprobs']
             # Scored: the postprocessed (truncated) responses; PPO trains on the untruncated ones.
@@ -437,10 +437,23 @@ class PPOTrainer:
                     score_stats=score_stats, postprocessed_responses=postprocessed_responses)
         return rollouts, data
 
+    def forward_for_first_minibatch(self, queries, responses):
+        """Ours, bf16 mode: the policy's logprobs and values of the rollouts by the loss's forward, detached, as
+        the "old" ones. Where the first minibatch is the whole batch in one pass (nminibatches 1, no split),
+        that forward, its graph kept, is the first minibatch's own (train), so that it is not run twice."""
+        whole = self.hparams.ppo.nminibatches == 1 and len(utils.microbatches(len(queries),
+                                                                              self.execution.microbatch_size)) == 1
+        with torch.set_grad_enabled(whole), self.execution.autocast():
+            outputs = utils.microbatched(self.policy.analyze_responses, self.execution.microbatch_size,
+                                         queries, responses)
+        self.rollout_forward = outputs if whole else None
+        return dict(logprobs=outputs['logprobs'].detach(), values=outputs['values'].detach())
+
     def train(self, rollouts):
         """noptepochs epochs over the rollouts (every rank's, rows grouped by rank) in nminibatches
         minibatches. Returns each rank's stats, [ranks, number of minibatches] per key."""
         per_rank = self.per_rank_rollout_batch_size
+        forward, self.rollout_forward = self.rollout_forward, None  # ours: the first minibatch's, if kept
         stat_list = []
         for ppo_epoch_idx in range(self.hparams.ppo.noptepochs):
             # A fresh shuffle each epoch from numpy's global RNG, as the original: each rank draws its own
@@ -450,20 +463,23 @@ class PPOTrainer:
                 # Every rank's minibatch, side by side
                 mb_indices = orders[:, mb_start:mb_start + self.per_rank_minibatch_size].reshape(-1)
                 minibatch = {k: v[mb_indices] for k, v in rollouts.items()}
-                stat_list.append(self.train_minibatch(minibatch))
+                kept = None if forward is None else {k: v[mb_indices] for k, v in forward.items()}
+                forward = None
+                stat_list.append(self.train_minibatch(minibatch, forward=kept))
         # Collect the stats. (They will be averaged later.)
         return {k: torch.stack([s[k] for s in stat_list], dim=1) for k in stat_list[0].keys()}
 
-    def train_minibatch(self, minibatch):
+    def train_minibatch(self, minibatch, forward=None):
         """One step of PPO training: every rank's loss on its own minibatch (side by side), one update with
-        the gradients averaged over all ranks. Returns each rank's stats, [ranks] per key."""
+        the gradients averaged over all ranks. Returns each rank's stats, [ranks] per key. forward (ours): the
+        policy's outputs on these rows, kept from the rollout (forward_for_first_minibatch)."""
         # Linear lr decay by PPO batch: constant within a batch's epochs and minibatches.
         lrnow = self.hparams.ppo.lr * (1 - policy_frac(self.hparams, self.global_step))
         for group in self.optimizer.param_groups:
             group['lr'] = lrnow
 
         self.optimizer.zero_grad(set_to_none=True)
-        stats = self.loss(minibatch)
+        stats = self.loss(minibatch, forward=forward)
         # Average the gradients over ranks (the original's MPI allreduce in `minimize`); every rank then
         # applies the same update, so the ranks' policies stay identical. No gradient clipping.
         utils.mpi_allreduce_mean_grads(self.policy.parameters())
@@ -473,9 +489,10 @@ class PPOTrainer:
         self.optimizer.step()
         return stats
 
-    def loss(self, rollouts):
+    def loss(self, rollouts, forward=None):
         """Every rank's PPO loss on its minibatch (rows grouped by rank), back-propagated: the gradient of
-        the mean of the ranks' losses adds to .grad. Returns each rank's stats, [ranks] per key.
+        the mean of the ranks' losses adds to .grad. Returns each rank's stats, [ranks] per key. forward
+        (ours): the policy's outputs on these rows in one piece, kept from the rollout, instead of a new one.
 
         Ours: the policy runs on microbatches of at most run.microbatch_size sequences (a microbatch may
         span ranks), each back-propagated at once with its share of the loss, so no graph holds more; the
@@ -492,8 +509,10 @@ class PPOTrainer:
         n = len(values)
         row_stats = []
         for piece in utils.microbatches(n, self.execution.microbatch_size):
-            with self.execution.autocast():
-                outputs = self.policy.analyze_responses(rollouts['queries'][piece], rollouts['responses'][piece])
+            outputs = forward
+            if outputs is None:
+                with self.execution.autocast():
+                    outputs = self.policy.analyze_responses(rollouts['queries'][piece], rollouts['responses'][piece])
             # Each episode's (row's) means: a rank's loss and stats, means over its minibatch's elements,
             # are the means of its rows'.
             loss, stats = ppo_loss(

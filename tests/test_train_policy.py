@@ -436,11 +436,14 @@ def test_trainer_loss_wiring_against_numpy(on_cpu):
 @pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason='CUDA only: the same check under CUDA autocast and kernels'))])
 @pytest.mark.parametrize('bf16', [False, True])
-def test_first_minibatch_ratio_is_one(tmp_path, monkeypatch, bf16, device):
+@pytest.mark.parametrize('nminibatches', [1, 2])
+def test_first_minibatch_ratio_is_one(tmp_path, monkeypatch, bf16, device, nminibatches):
     """PPO's ratio new / old probability is exactly 1 at the first minibatch of the first epoch (nothing has
     been updated yet). Under bf16 autocast the sampler's cached decoding rounds differently from the loss's
-    full forward, so the old logprobs are recomputed with the loss's forward: the ratio is then exactly 1. In
-    fp32 the sampler's logprobs are kept, as the original: within fp32 rounding of 1."""
+    full forward, so the old logprobs are the loss's forward's: with one minibatch, the rollout's forward kept
+    as the first minibatch's own; with two, the same forward over the whole batch, whose rows come out as the
+    minibatch's. The ratio is exactly 1 either way. In fp32 the sampler's logprobs are kept, as the original:
+    within fp32 rounding of 1."""
     from lm_human_preferences.language import encodings, model
     # utils.get_device also picks autocast's device
     monkeypatch.setattr(train_policy.utils, 'get_device', lambda: torch.device(device))
@@ -453,7 +456,7 @@ def test_first_minibatch_ratio_is_one(tmp_path, monkeypatch, bf16, device):
         policy.model.heads.value.w.normal_()
     trainer, _ = fake_trainer(**{'task.policy.initial_model': str(tmp_path / 'm'),
                                  'task.query_length': 32, 'task.response_length': 24, 'ppo.noptepochs': 1,
-                                 'ppo.batch_size': 64, 'ppo.total_episodes': 64, 'ppo.nminibatches': 1,
+                                 'ppo.batch_size': 64, 'ppo.total_episodes': 64, 'ppo.nminibatches': nminibatches,
                                  'run.bf16': bf16})
     trainer.policy, trainer.ref_policy = policy, ref_policy
     trainer.optimizer = train_policy.AdamTF(policy.parameters(), lr=1e-3)

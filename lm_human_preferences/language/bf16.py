@@ -23,10 +23,8 @@ def autocast_dtype(device_type):
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
-# Attention's dtype in bf16 mode, by measurement. On an H100 masked bf16 attention is 3.0x (books) and 4.1x (tldr)
-# faster than fp32 (../shared/perf). On a CPU torch's bf16 flash attention is slower than its fp32 one (books,
-# one thread of this project's EPYC: a decoding step's 1.35 against 0.23 ms, forward + backward 44.6 against
-# 24.9 ms), so elsewhere attention stays fp32, as the original's.
+# Attention's dtype in bf16 mode where bf16 attention is the faster (measured: PORTING.md): on CUDA. On a CPU
+# torch's bf16 attention is the slower, and attention stays fp32, as the original's.
 ATTENTION_DTYPES = dict(cuda=torch.bfloat16)
 
 
@@ -144,10 +142,9 @@ def vocab_logits(h, wte):
 # ---------------------------------------------------------------------------------------------------
 # Logprobs and entropies in one pass over the logits
 
-# Rows per product and rows per pass, as bytes of their fp32 logits. A product of many rows: on a CPU oneDNN's
-# bf16 mode converts the whole embedding for every product. Passes (max, exp, sums) of few rows on a CPU, whose
-# chunk then stays in its cache through them; on a GPU the product's rows (more, smaller chunks would cost more
-# launches than they save).
+# Rows per product and rows per pass, as bytes of their fp32 logits. Products of many rows: on a CPU oneDNN's bf16
+# mode converts the whole embedding for each. Passes (max, exp, sums) of few rows on a CPU, so that their chunk
+# stays in cache; on a GPU the product's rows (smaller chunks would cost more launches than they save).
 PRODUCT_BYTES = dict(cpu=1 << 28, cuda=1 << 30)
 PASS_BYTES = dict(cpu=1 << 23)
 

@@ -187,8 +187,7 @@ class _LogprobsEntropies(torch.autograd.Function):
     def backward(ctx, grad_logprobs, _):
         h, w, labels, logits, lse = ctx.saved_tensors
         beta, device, n_vocab = ctx.beta, h.device.type, w.shape[0]
-        grad_h = torch.empty_like(h)
-        grad_w = torch.zeros_like(w)
+        grad_h, grad_w = torch.empty_like(h), torch.empty_like(w)
         products = _chunks(h.shape[0], n_vocab, PRODUCT_BYTES, device)
         grad_z = logits.new_empty(products[0].stop - products[0].start, n_vocab)
         with torch.autocast(device, enabled=False), fast_fp32_matmuls(device):
@@ -202,7 +201,10 @@ class _LogprobsEntropies(torch.autograd.Function):
                     del out
                 rows = grad_z[:product.stop - product.start]
                 torch.mm(rows, w, out=grad_h[product])
-                grad_w.addmm_(rows.t(), h[product])
+                if product.start == 0:
+                    torch.mm(rows.t(), h[product], out=grad_w)  # no zero-fill of the [n_vocab, e] gradient
+                else:
+                    grad_w.addmm_(rows.t(), h[product])
         return grad_h, grad_w, None, None
 
 

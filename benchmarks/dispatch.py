@@ -132,6 +132,11 @@ def count_update(name, *, microbatch_size, bf16, adam, seed=1):
     from lm_human_preferences.rewards import RewardModelTrainer
     from lm_human_preferences.utils import core as utils, ranks
 
+    try:  # the GPU's path under bf16: attention in bf16, as on CUDA (a CPU runs it in fp32, faster there)
+        from lm_human_preferences.language import bf16 as bf16_mode
+        bf16_mode.ATTENTION_DTYPES['cpu'] = bf16_mode.ATTENTION_DTYPES['cuda']
+    except ImportError:  # an older checkout
+        pass
     hp, num_ranks = paper_config(name)
     hp.rewards.train_new_model = None
     hp.rewards.trained_model = 'random'

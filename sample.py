@@ -32,7 +32,8 @@ from lm_human_preferences import lm_tasks, train_policy
 # Ours: the offline experiments, for their figures; importing them registers their query datasets, which
 # their runs sample from.
 from lm_human_preferences import demo, sentiment_mini
-from lm_human_preferences.demo import commands as offline
+from lm_human_preferences.offline import experiment as offline_experiment
+from lm_human_preferences.offline import report as offline_report
 from lm_human_preferences.language import checkpoints, hf_export, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
@@ -175,11 +176,11 @@ def launch_plot(save_dir=None, out=None, title=None):
     one figure (for an offline experiment: its figure)."""
     if save_dir is None:
         raise launch.ConfigError('plot needs --save_dir DIR (a train_reward / train_policy save dir)')
-    reported = [exp for exp in OFFLINE_EXPERIMENTS if os.path.isfile(offline.report_file(exp, save_dir))]
+    reported = [exp for exp in OFFLINE_EXPERIMENTS if os.path.isfile(offline_report.report_file(exp, save_dir))]
     if out is None:
-        paths = plots.plot_learning_curves(save_dir) + [offline.plot_report(exp, save_dir) for exp in reported]
+        paths = plots.plot_learning_curves(save_dir) + [offline_report.plot_report(exp, save_dir) for exp in reported]
     elif reported:
-        paths = [offline.plot_report(reported[0], save_dir, out, title=title)]
+        paths = [offline_report.plot_report(reported[0], save_dir, out, title=title)]
     else:
         paths = [plots.plot_combined(save_dir, out, title=title)]
     for path in paths:
@@ -206,7 +207,7 @@ def launch_best_of_n(save_dir=None, n=32, queries=256, seed=0):
                                  f"whose labelers it runs; {save_dir} is a run of task.query_dataset "
                                  f"'{hparams.task.query_dataset}'")
     exp = exps[0]
-    rows, scores = offline.best_of_n(exp, hparams, n=n, queries=queries, seed=seed)
+    rows, scores = offline_experiment.best_of_n(exp, hparams, n=n, queries=queries, seed=seed)
     unit = float(scores.std(unbiased=False))  # the initial policy's, as the report's unit
     start = float(scores.mean())
     print(f'{exp.labeler.score_name} of the best of k samples of the initial policy, on {queries} test queries; '
@@ -217,7 +218,7 @@ def launch_best_of_n(save_dir=None, n=32, queries=256, seed=0):
     for row in rows:
         print(f"{row['k']:>4} {row['kl_bound']:>9.2f}" +
               ''.join(f"{row[key]:>20.3f} ({(row[key] - start) / unit:+.2f})" for key, _ in columns))
-    report_path = offline.report_file(exp, save_dir)
+    report_path = offline_report.report_file(exp, save_dir)
     if os.path.isfile(report_path):
         with open(report_path) as f:
             report = json.load(f)

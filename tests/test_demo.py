@@ -14,7 +14,8 @@ import torch
 import pytest
 
 from lm_human_preferences import demo, label_types, lm_tasks
-from lm_human_preferences.demo import commands
+from lm_human_preferences.offline import experiment
+from lm_human_preferences.offline import report as offline_report
 from lm_human_preferences.language import encodings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -50,8 +51,8 @@ def test_the_initial_model_is_resolved_once_for_all_tasks(tmp_path, monkeypatch,
     for _ in range(2):  # made, then found in the cache
         policy_task, reward_task = lm_tasks.TaskHParams(), lm_tasks.TaskHParams()
         policy_task.policy.initial_model = reward_task.policy.initial_model = 'demo'
-        commands.resolve_initial_model(exp, policy_task, reward_task)
-        commands.resolve_initial_model(exp, reward_task)  # as prepare_reward_training does next: already resolved
+        experiment.resolve_initial_model(exp, policy_task, reward_task)
+        experiment.resolve_initial_model(exp, reward_task)  # as prepare_reward_training does next: already resolved
         assert policy_task.policy.initial_model == reward_task.policy.initial_model == model
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('demo: ')]
     assert lines == [f'demo: pretraining the initial model into {model} (1 layers, width 16, 27-token vocabulary, '
@@ -63,19 +64,19 @@ def test_report_line_of_the_reward_model():
     report = dict(rm_heldout_accuracy=0.66, rm_chance_accuracy=0.25, rm_ceiling_accuracy=0.785, rm_train_accuracy=0.712,
                   wall_time_s=1)
     assert ('reward model held-out accuracy: 66.0% (chance 25%, a perfect learner of the rule: 78.5%); on its '
-            'training labels: 71.2%') in commands.format_report(demo.EXPERIMENT, report).splitlines()
+            'training labels: 71.2%') in offline_report.format_report(demo.EXPERIMENT, report).splitlines()
 
 
 def test_score_report_gain_in_initial_stds():
     before, after = torch.tensor([0., 1., 2., 3.]), torch.tensor([2., 3., 4., 6.])
-    report = commands.score_report(demo.EXPERIMENT.labeler, before, after)
+    report = offline_report.score_report(demo.EXPERIMENT.labeler, before, after)
     unit = np.std([0, 1, 2, 3])  # the initial policy's std, as reported (ddof 0)
     assert report['rule_initial_std'] == pytest.approx(unit)
     assert report['rule_gain_initial_stds'] == pytest.approx((3.75 - 1.5) / unit)
     # The standard error of a difference of two independent means, each from its sample variance (ddof 1).
     se = np.sqrt(np.var([0, 1, 2, 3], ddof=1) / 4 + np.var([2, 3, 4, 6], ddof=1) / 4) / unit
     assert report['rule_gain_initial_stds_se'] == pytest.approx(se)
-    lines = commands.format_report(demo.EXPERIMENT, dict(report, wall_time_s=1)).splitlines()
+    lines = offline_report.format_report(demo.EXPERIMENT, dict(report, wall_time_s=1)).splitlines()
     assert f"  gain: +{(3.75 - 1.5) / unit:.2f} standard deviations of the initial policy's scores (standard error {se:.2f})" in lines
 
 

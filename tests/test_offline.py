@@ -1,4 +1,4 @@
-"""The offline experiments' mechanism (lm_human_preferences/demo/commands.py) and the sentiment miniature's
+"""The offline experiments' engine (lm_human_preferences/offline/) and the sentiment miniature's
 parts (lm_human_preferences/sentiment_mini/): the labelers, their ties, the label file they write (read back
 through train_reward's normal path), the pretraining loss, and the miniature's task and dataset. Fast: no
 end-to-end run (those are tests/test_demo.py and tests/test_sentiment_mini.py, in the slow tier)."""
@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from lm_human_preferences import demo, label_types, sentiment_mini, train_reward
-from lm_human_preferences.demo import commands
+from lm_human_preferences.sentiment_mini import bindings as sentiment_mini_bindings
+from lm_human_preferences.offline import experiment, labels, pretrain
 from lm_human_preferences.language import checkpoints, datasets, encodings, model, trained_models
 from lm_human_preferences.sentiment_mini import vader
 
@@ -36,7 +37,7 @@ def test_an_offline_experiments_model_name_is_known_at_launch(tmp_path, monkeypa
 
 def test_pick_best_breaks_ties_at_random():
     rng = np.random.RandomState(0)
-    picks = [commands.pick_best(np.array([[1, 3, 3, 0]]), rng)[0] for _ in range(200)]
+    picks = [labels.pick_best(np.array([[1, 3, 3, 0]]), rng)[0] for _ in range(200)]
     assert set(picks) == {1, 2} and 60 < picks.count(1) < 140  # ties at random, never a lower score
 
 
@@ -56,13 +57,13 @@ def test_vader_labeler_prefers_the_most_positive_response():
     scores = labeler.scores(responses, encoder).numpy()
     assert scores[0] > scores[3] > 0 and scores[1] < 0 and scores[2] == 0  # VADER's compound, in [-1, 1]
     assert scores.tolist() == [vader.compound_score(t) for t in texts]  # the padding decodes to ''
-    assert commands.pick_best(scores[None], np.random.RandomState(0)).tolist() == [0]
+    assert labels.pick_best(scores[None], np.random.RandomState(0)).tolist() == [0]
     # Neutral responses tie (compound 0): the best is any of them, at random.
     neutral = np.array([[labeler.score(' The carriage stood at the door.'), labeler.score(' He read the letter.'),
                          labeler.score(' It was a dreadful evening.'), labeler.score(' They walked to the town.')]])
     assert neutral[0, [0, 1, 3]].tolist() == [0, 0, 0] and neutral[0, 2] < 0
     rng = np.random.RandomState(0)
-    assert {commands.pick_best(neutral, rng)[0] for _ in range(100)} == {0, 1, 3}
+    assert {labels.pick_best(neutral, rng)[0] for _ in range(100)} == {0, 1, 3}
 
 
 def test_labeler_ceiling_counts_ties():
@@ -71,7 +72,7 @@ def test_labeler_ceiling_counts_ties():
     happy, neutral = encoder.encode(' She was happy.'), encoder.encode(' The door.')
     records = [dict(query=[0], best=0, sample0=happy, sample1=neutral, sample2=neutral, sample3=neutral),
                dict(query=[0], best=1, sample0=neutral, sample1=neutral, sample2=neutral, sample3=neutral)]
-    assert commands.labeler_ceiling(labeler, records, encoder) == pytest.approx((1 + 1 / 4) / 2)
+    assert labels.labeler_ceiling(labeler, records, encoder) == pytest.approx((1 + 1 / 4) / 2)
 
 
 def test_missing_vader_is_one_line(monkeypatch):
@@ -109,7 +110,7 @@ def test_vader_labels_in_the_original_format_read_back_by_train_reward(tmp_path)
     hparams.task.policy.initial_model = _random_main_model(tmp_path / 'initial')
     hparams.labels.num_train, hparams.rollout_batch_size = 6, 8  # one batch of 8 queries
     exp = dataclasses.replace(sentiment_mini.EXPERIMENT, held_out_labels=2)
-    ceiling = commands.prepare_reward_training(exp, hparams, str(tmp_path))
+    ceiling = experiment.prepare_reward_training(exp, hparams, str(tmp_path))
     path = tmp_path / 'sentiment_mini_labels.json'
     assert hparams.labels.source == str(path)
     records = json.loads(path.read_text())
@@ -133,17 +134,17 @@ def test_vader_labels_in_the_original_format_read_back_by_train_reward(tmp_path)
     hparams.labels.source = 'sentiment_mini'
     hparams.labels.num_train = 20
     with pytest.raises(ValueError, match=f'{path} holds 8 label records, this run needs 22 .*choose another --save_dir'):
-        commands.prepare_reward_training(exp, hparams, str(tmp_path))
+        experiment.prepare_reward_training(exp, hparams, str(tmp_path))
 
 
 def test_pretraining_loss_is_cross_entropy():
     """The chunked cross-entropy of the pretraining: F.cross_entropy's value and gradients."""
     torch.manual_seed(0)
-    n = commands._LinearCrossEntropy.CHUNK * 2 + 5  # three chunks, the last short
+    n = pretrain._LinearCrossEntropy.CHUNK * 2 + 5  # three chunks, the last short
     h = torch.randn(n, 16, dtype=torch.float64, requires_grad=True)
     w = torch.randn(300, 16, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 300, (n,))
-    ours = commands._LinearCrossEntropy.apply(h, w, targets, torch.float64)
+    ours = pretrain._LinearCrossEntropy.apply(h, w, targets, torch.float64)
     grads = torch.autograd.grad(3 * ours, [h, w])
     theirs = F.cross_entropy(F.linear(h, w), targets)
     expected = torch.autograd.grad(3 * theirs, [h, w])
@@ -156,11 +157,11 @@ def test_pretraining_loss_with_bf16_products():
     """bf16 products (sentiment_mini's pretraining on a CPU that has them): mixed precision, close to the
     fp32 loss and gradients, and the loss and gradients kept in fp32."""
     torch.manual_seed(0)
-    n = commands._LinearCrossEntropy.CHUNK + 7
+    n = pretrain._LinearCrossEntropy.CHUNK + 7
     h = torch.randn(n, 64, requires_grad=True)
     w = (0.1 * torch.randn(5000, 64)).requires_grad_()
     targets = torch.randint(0, 5000, (n,))
-    ours = commands._LinearCrossEntropy.apply(h, w, targets, torch.bfloat16)
+    ours = pretrain._LinearCrossEntropy.apply(h, w, targets, torch.bfloat16)
     grads = torch.autograd.grad(ours, [h, w])
     theirs = F.cross_entropy(F.linear(h, w), targets)
     expected = torch.autograd.grad(theirs, [h, w])
@@ -176,26 +177,26 @@ def test_pretraining_products_dtype(monkeypatch):
     slower than fp32); the demo (27 tokens) keeps fp32, the miniature (50,257) asks."""
     assert not demo.EXPERIMENT.pretrain.bf16_products and sentiment_mini.EXPERIMENT.pretrain.bf16_products
     asked = dataclasses.replace(demo.EXPERIMENT.pretrain, bf16_products=True)
-    assert commands.pretraining_products_dtype(demo.EXPERIMENT.pretrain) == torch.float32
+    assert pretrain.pretraining_products_dtype(demo.EXPERIMENT.pretrain) == torch.float32
     for native in (False, True):
         # raising=False: a torch without these private probes is what the code's fallback is for.
         monkeypatch.setattr(torch.cpu, '_is_avx512_bf16_supported', lambda: native, raising=False)
         monkeypatch.setattr(torch.cpu, '_is_amx_tile_supported', lambda: False, raising=False)
-        assert commands.pretraining_products_dtype(asked) == (torch.bfloat16 if native else torch.float32)
+        assert pretrain.pretraining_products_dtype(asked) == (torch.bfloat16 if native else torch.float32)
         # The cached model's key says which, so that a model made one way is not taken for the other.
-        key = commands._pretrain_key(dataclasses.replace(demo.EXPERIMENT, pretrain=asked))
+        key = pretrain._pretrain_key(dataclasses.replace(demo.EXPERIMENT, pretrain=asked))
         assert key['products_dtype'] == ('bfloat16' if native else 'float32')
 
 
 def test_sentiment_mini_task_is_the_books_task_but_dataset_and_model():
     books = dict((k, v) for k, v, _ in top_launch.books_task[0])
-    mini = dict((k, v) for k, v, _ in top_launch.sentiment_mini_task[0])
+    mini = dict((k, v) for k, v, _ in sentiment_mini_bindings.task(top_launch.books_task)[0])
     assert {k for k in books if books[k] != mini[k]} == {'query_dataset', 'policy.initial_model'}
     assert mini['query_dataset'] == mini['policy.initial_model'] == 'sentiment_mini'
     assert (mini['query_length'], mini['response_length'], mini['truncate_token'], mini['truncate_after'],
             mini['policy.temperature']) == (64, 24, 13, 16, 0.7)
     with pytest.raises(AssertionError, match=r"not bound in the experiment: \['nope'\]"):
-        top_launch._rebind(top_launch.books_task, {'nope': 1})
+        sentiment_mini_bindings._rebind(top_launch.books_task, {'nope': 1})
 
 
 def test_sentiment_mini_queries_are_book_passages():
@@ -217,7 +218,7 @@ def test_sentiment_mini_queries_are_book_passages():
 
 
 def test_phases_split():
-    phases = commands._Phases()
+    phases = experiment._Phases()
     phases.spans = {'labels': (0.0, 1.0), 'training': (1.0, 11.0)}
     phases.split('training', 'train_reward', 'train_policy', at=4.0)
     assert phases.seconds() == {'labels': 1.0, 'train_reward': 3.0, 'train_policy': 7.0}

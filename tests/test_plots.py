@@ -122,11 +122,11 @@ def test_combined_figure_panels(tmp_path, monkeypatch):
     assert titles == [t for _, t in plots.POLICY_PANELS] + [t for _, t in plots.REWARD_PANELS]
     # Extra panels come last: the demo adds the rule score of samples before and after PPO.
     from lm_human_preferences import demo
-    from lm_human_preferences.demo import commands
+    from lm_human_preferences.offline import report as offline_report
     titles.clear()
     report = {'eval_queries': 256, 'rule_initial_mean': 2.8, 'rule_initial_std': 1.2,
               'rule_trained_mean': 5.2, 'rule_trained_std': 1.5}
-    plots.plot_combined(str(tmp_path), str(tmp_path / 'b.png'), extra_panels=[commands.score_panel(demo.EXPERIMENT, report)])
+    plots.plot_combined(str(tmp_path), str(tmp_path / 'b.png'), extra_panels=[offline_report.score_panel(demo.EXPERIMENT, report)])
     assert titles[-1] == 'rule score of 256 samples\non test queries' and len(titles) == 8
 
 
@@ -193,9 +193,9 @@ def _demo_run(save_dir):
 
 def test_accuracy_panel_shows_training_labels_chance_and_the_demos_ceiling(tmp_path, figures):
     from lm_human_preferences import demo
-    from lm_human_preferences.demo import commands
+    from lm_human_preferences.offline import report as offline_report
     _demo_run(tmp_path)
-    path = commands.plot_report(demo.EXPERIMENT, str(tmp_path))
+    path = offline_report.plot_report(demo.EXPERIMENT, str(tmp_path))
     assert path == str(tmp_path / 'demo_curves.png') and _is_png(Path(path))
     accuracy = _axes(figures[path])['reward model accuracy']
     bars = {t.get_text(): p.get_height() for t, p in zip(accuracy.get_xticklabels(), accuracy.patches)}
@@ -203,7 +203,7 @@ def test_accuracy_panel_shows_training_labels_chance_and_the_demos_ceiling(tmp_p
     assert _legend(accuracy) == ['chance 25%', 'a perfect learner of the rule 78.5%']
     assert [line.get_ydata()[0] for line in accuracy.get_lines()] == [0.25, 0.785]
     # No report, no demo figure.
-    assert commands.plot_report(demo.EXPERIMENT, str(tmp_path / 'elsewhere')) is None
+    assert offline_report.plot_report(demo.EXPERIMENT, str(tmp_path / 'elsewhere')) is None
 
 
 def _rows_of(fig):

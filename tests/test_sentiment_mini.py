@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from lm_human_preferences import label_types, sentiment_mini, train_policy
-from lm_human_preferences.demo import commands
+from lm_human_preferences.offline import experiment, pretrain
 from lm_human_preferences.language import checkpoints, encodings
 from lm_human_preferences.sentiment_mini import vader
 
@@ -56,7 +56,7 @@ def test_short_sentiment_mini(tmp_path, short_mini, capsys):
     # The initial model was pretrained on the real vocabulary, with progress lines, and cached.
     assert 'sentiment_mini: pretraining the initial model into ' in out and '50,257-token vocabulary' in out
     assert re.search(r'\[sentiment_mini pretraining: step 20/20 done, [\d.]+ s/step, ETA 0s, loss [\d.]+\]', out), out[:3000]
-    initial = Path(commands.model_dir(sentiment_mini.EXPERIMENT))
+    initial = Path(pretrain.model_dir(sentiment_mini.EXPERIMENT))
     assert checkpoints.read_encoding(str(initial)) is encodings.Main
     assert re.search(r'\[sentiment_mini labels: batch 3/3 done, [\d.]+ s/step, ETA 0s\]', out), out[:3000]
 
@@ -104,7 +104,7 @@ def test_short_sentiment_mini(tmp_path, short_mini, capsys):
     # reward model and by VADER itself (never below the reward model's pick; the same sample when k = 1).
     hparams = train_policy.HParams()
     hparams.override_from_json_file(str(save_dir / 'train_policy_hparams.json'))
-    rows, scores = commands.best_of_n(sentiment_mini.EXPERIMENT, hparams, n=4, queries=8, seed=0)
+    rows, scores = experiment.best_of_n(sentiment_mini.EXPERIMENT, hparams, n=4, queries=8, seed=0)
     assert scores.shape == (8, 4) and [row['k'] for row in rows] == [1, 2, 4]
     assert rows[0]['reward_model_pick'] == rows[0]['ppo_score_pick'] == rows[0]['labeler_pick'] == pytest.approx(
         float(scores[:, 0].mean()))

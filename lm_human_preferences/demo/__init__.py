@@ -1,6 +1,6 @@
 """The offline demo (ours): `python launch.py train_policy demo NAME` runs the paper's pipeline on a CPU in
-minutes, with nothing downloaded (the mechanism: commands.py). Its story, dataset, pretrained model and
-labeler live here, so that nothing else in the library knows the name 'demo'.
+minutes, with nothing downloaded (the engine: offline/). Its story, dataset, pretrained model, labeler and
+bindings (bindings.py) live here, so that nothing else in the library knows the name 'demo'.
 
 - Initial model: a small GPT-2 (2 layers, width 128) on the original's character-level `test` encoding
   (26 letters and '.', which writes word breaks), pretrained for about a minute on the built-in story
@@ -11,9 +11,10 @@ labeler live here, so that nothing else in the library knows the name 'demo'.
   the KL penalty resists.
 """
 
-from lm_human_preferences.demo import commands
 from lm_human_preferences.demo.story import demo_corpus  # importing it registers the `demo` query dataset
 from lm_human_preferences.language import encodings
+from lm_human_preferences.offline import experiment
+from lm_human_preferences.offline.pretrain import PretrainHParams
 
 RULE_LETTER = 'e'
 
@@ -23,25 +24,24 @@ def rule_score(text):
     return text.count(RULE_LETTER)
 
 
-EXPERIMENT = commands.OfflineExperiment(
+EXPERIMENT = experiment.OfflineExperiment(
     name='demo',
     encoding=encodings.Test,
     corpus=demo_corpus,
-    pretrain=commands.PretrainHParams(n_layer=2, n_embd=128, n_head=4, n_ctx=64, steps=400, batch_size=32, lr=3e-3),
-    labeler=commands.Labeler(name='rule', description=f"the rule: prefer the response with the most letters "
+    pretrain=PretrainHParams(n_layer=2, n_embd=128, n_head=4, n_ctx=64, steps=400, batch_size=32, lr=3e-3),
+    labeler=experiment.Labeler(name='rule', description=f"the rule: prefer the response with the most letters "
                                                       f"'{RULE_LETTER}'",
                              score_name='rule score', score=rule_score, title='the rule'),
-    # The model is so small that per-operation overhead dominates: a second thread gains ~1.4x on an idle
-    # 2-core machine, but when other processes share the cores, OpenMP's spin-waiting threads made every
-    # step 5-20x slower in our measurements. One thread is never far off.
+    # So small a model is bound by per-op overhead: one thread is never far off, where spinning OpenMP threads
+    # slow every step down many times when other processes share the cores.
     cpu_threads=1,
 )
 
 
 # launch.py's entry points for the `demo` experiments (EXPERIMENT read at call time: tests shorten it).
 def train_policy(hparams):
-    return commands.train_policy(EXPERIMENT, hparams)
+    return experiment.train_policy(EXPERIMENT, hparams)
 
 
 def train_reward(hparams):
-    return commands.train_reward(EXPERIMENT, hparams)
+    return experiment.train_reward(EXPERIMENT, hparams)

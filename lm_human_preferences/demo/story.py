@@ -1,4 +1,4 @@
-"""Built-in text for the offline demo (demo/commands.py; no original), and its `demo` query dataset.
+"""Built-in text for the offline demo (offline/; no original), and its `demo` query dataset.
 
 `story.txt` beside this file is a short story written for this project (MIT, as the rest of the
 repository): about 1,700 words of plain English. The demo pretrains its small character-level model

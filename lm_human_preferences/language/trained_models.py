@@ -166,7 +166,7 @@ def convert_hf_folder(folder, *, label=None):
 # is a typo of ours ('125M', 'Gpt2'), not a hub model: one line at launch, not a failed download later.
 HUB_GPT2_NAMES = ('gpt2', 'gpt2-medium', 'gpt2-large', 'gpt2-xl', 'distilgpt2')
 
-# Ours: the initial models an offline experiment makes for itself (demo/commands.py registers them): name ->
+# Ours: the initial models an offline experiment makes for itself (offline/experiment.py registers them): name ->
 # the context length of the model it makes.
 OFFLINE_MODELS = {}
 

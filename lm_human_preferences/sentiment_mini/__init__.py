@@ -2,7 +2,7 @@
 
 The paper's `sentiment` experiment (continue book passages so that the continuations become more
 positive, as labelers who picked the best of four judged, under a KL penalty) on a CPU in minutes, with
-nothing downloaded, through the offline experiments' mechanism (demo/commands.py):
+nothing downloaded, through the offline experiments' engine (offline/); its bindings: bindings.py.
 
 - The real `main` encoding: OpenAI's GPT-2 BPE (50,257 tokens, padding token 50259), through
   encodings.Main as every run of the paper.
@@ -22,8 +22,9 @@ from functools import partial
 from pathlib import Path
 
 from lm_human_preferences.datasets.local import local_texts
-from lm_human_preferences.demo import commands
 from lm_human_preferences.language import datasets, encodings
+from lm_human_preferences.offline import experiment
+from lm_human_preferences.offline.pretrain import PretrainHParams
 from lm_human_preferences.sentiment_mini import vader
 
 NAME = 'sentiment_mini'
@@ -39,31 +40,27 @@ def pretraining_corpus():
     return ' '.join(local_texts(BOOKS_DIR, 'train'))
 
 
-EXPERIMENT = commands.OfflineExperiment(
+EXPERIMENT = experiment.OfflineExperiment(
     name=NAME,
     encoding=encodings.Main,
     corpus=pretraining_corpus,
-    # n_ctx 96 >= the books task's 64 query + 24 response tokens. 800 steps: about 2.8 passes over the train
-    # split's 220k tokens, 2.9 minutes on 2 cores with bf16 products (5.2 in fp32).
-    pretrain=commands.PretrainHParams(n_layer=2, n_embd=128, n_head=4, n_ctx=96, steps=800, batch_size=8, lr=3e-3,
+    # n_ctx 96 >= the books task's 64 query + 24 response tokens; 800 steps: about 2.8 passes over the train split.
+    pretrain=PretrainHParams(n_layer=2, n_embd=128, n_head=4, n_ctx=96, steps=800, batch_size=8, lr=3e-3,
                                       bf16_products=True),
-    labeler=commands.Labeler(name='vader', description='VADER (vaderSentiment): prefer the most positive response '
+    labeler=experiment.Labeler(name='vader', description='VADER (vaderSentiment): prefer the most positive response '
                                                        '(the highest compound score)',
                              score_name='VADER compound score', score=vader.compound_score, title='VADER'),
-    # 1,024 test queries, not 256: the trained policy's gain is then measured to a standard error of about
-    # 0.05 of the initial policy's standard deviation instead of 0.1, for the bar of +1 (9 s more, measured).
+    # 1,024 test queries: the trained policy's gain to a standard error of ~0.05 of the initial scores' std.
     eval_queries=1024,
-    # Unlike the demo's, this model's time goes to large matrix products (the logits over 50,257 tokens),
-    # which a second thread nearly halves.
-    cpu_threads=2,
+    cpu_threads=2,  # unlike the demo's, this model's time goes to large matrix products (the logits)
 )
 
 
 # launch.py's entry points for the `sentiment_mini` experiments (EXPERIMENT read at call time: tests
 # shorten it).
 def train_policy(hparams):
-    return commands.train_policy(EXPERIMENT, hparams)
+    return experiment.train_policy(EXPERIMENT, hparams)
 
 
 def train_reward(hparams):
-    return commands.train_reward(EXPERIMENT, hparams)
+    return experiment.train_reward(EXPERIMENT, hparams)

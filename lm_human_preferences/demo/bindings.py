@@ -1,0 +1,48 @@
+"""Ours: the demo's experiments, as launch.py binds the paper's (the original's combos): its task, its reward
+model's and its policy's settings. Light to import: launch.py reads it at start-up."""
+
+from lm_human_preferences.utils.combos import bind, bind_nested, combos
+
+# A small character-level GPT-2 pretrained on a built-in story (`demo`), labels from a rule (prefer responses
+# with more letters 'e'), then the real pipeline. The `demo` model, dataset and label source are made by the
+# offline engine (offline/experiment.py).
+task = combos(
+    bind('query_length', 32),  # characters: about 6 words
+    bind('query_dataset', 'demo'),
+    bind('response_length', 24),
+    bind('start_text', '.'),  # the test encoding's word break: queries start and end at one
+    bind('end_text', '.'),
+    bind('policy.temperature', 1.0),
+    bind('policy.initial_model', 'demo'),
+)
+
+train_reward = combos(
+    bind_nested('task', task),
+    bind('labels.type', 'best_of_4'),
+    bind('labels.source', 'demo'),  # made into <save_dir>/demo_labels.json
+    bind('labels.num_train', 2048),
+    bind('batch_size', 32),
+    bind('lr', 1e-3),  # a small model from scratch-ish: far above GPT-2's 5e-5
+    bind('rollout_batch_size', 128),
+    bind('normalize_before', True),
+    bind('normalize_after', True),
+    bind('normalize_samples', 256),
+    bind('eval_train_labels', True),  # the report and figure show its accuracy on its training labels too
+    bind('run.seed', 1),
+)
+
+train_policy = combos(
+    bind_nested('task', task),
+    bind('rewards.train_new_model', 'on'),
+    bind_nested('rewards.train_new_model', train_reward),
+    bind('rewards.kl_coef', 0.15),
+    bind('rewards.adaptive_kl', 'on'),
+    bind('rewards.adaptive_kl.target', 4.0),  # nats per 24-character response
+    bind('rewards.adaptive_kl.horizon', 500),  # short, so that the controller acts within the run
+    bind('ppo.lr', 1e-4),
+    bind('ppo.total_episodes', 6400),  # 100 PPO batches
+    bind('ppo.batch_size', 64),
+    bind('ppo.nminibatches', 4),
+    bind('run.log_interval', 25),  # the stats table and samples 4 times
+    bind('run.seed', 1),
+)

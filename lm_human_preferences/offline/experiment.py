@@ -1,0 +1,243 @@
+"""Ours: offline experiments, the paper's whole pipeline on a CPU in minutes, nothing downloaded.
+
+An OfflineExperiment names a small GPT-2 to pretrain, a corpus to pretrain it on, and a program that plays the
+human labelers. `python launch.py train_policy <its name> NAME` then runs:
+
+1. the initial model (`task.policy.initial_model = <name>`; pretrain.py);
+2. the labels (`labels.source = <name>`; labels.py), written to <save_dir>/<name>_labels.json with held-out
+   records after the first labels.num_train;
+3. the normal train_reward (normalization before and after) and train_policy (PPO, adaptive KL);
+4. a report (report.py).
+
+`python launch.py train_reward <its name> NAME` runs steps 1-3 for the reward model only and reports its
+accuracy. An experiment package (demo/, sentiment_mini/) declares its OfflineExperiment and its bindings and
+registers its query dataset, so that nothing else in the library knows its name. Every step is collective
+under --mpi N: each rank samples its share (in its section, utils/ranks.py) and the process that carries rank
+0 writes the files.
+"""
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from lm_human_preferences import label_types
+from lm_human_preferences import train_policy as train_policy_module
+from lm_human_preferences import train_reward as train_reward_module
+from lm_human_preferences.language import encodings, trained_models
+from lm_human_preferences.offline.report import (best_of_n_rows, finish, policy_report, reward_report, sample_scores,
+                                                  score_report)
+from lm_human_preferences.offline.labels import labeler_ceiling, make_labels
+from lm_human_preferences.offline.pretrain import PretrainHParams, ensure_pretrained
+from lm_human_preferences.utils import core as utils
+
+
+@dataclass(frozen=True)
+class Labeler:
+    """A program in the human labelers' seat: score(text) of each response; the best of N is a highest
+    score. `name` prefixes the report's keys ('<name>_initial_mean', ...); `description` is the line the
+    report prints; `score_name` names the score in the report and its figure; `title` names the labeler in
+    a sentence ('a perfect learner of <title>')."""
+    name: str
+    description: str
+    score_name: str
+    score: Callable[[str], float]
+    title: str
+
+    def scores(self, responses, encoder):
+        """Scores [b] (float64: a score's ties stay exact) of response token ids [b, n], decoded (the
+        padding token decodes to '')."""
+        return torch.tensor([float(self.score(encoder.decode(r))) for r in responses.tolist()], dtype=torch.float64)
+
+
+@dataclass(frozen=True)
+class OfflineExperiment:
+    """name: the initial model (saved_models_dir()/<name>), the labels.source that asks for generated
+    labels, and the prefix of the files it writes in the save dir. corpus(): the pretraining text.
+    held_out_labels: label records made after labels.num_train, on which train_reward evaluates.
+    eval_queries: test queries sampled (once per policy) for the report. cpu_threads: torch's intra-op
+    threads while it runs on a CPU."""
+    name: str
+    encoding: encodings.Encoding
+    corpus: Callable[[], str]
+    pretrain: PretrainHParams
+    labeler: Labeler
+    held_out_labels: int = 256
+    eval_queries: int = 256
+    cpu_threads: int = 1
+
+    def __post_init__(self):
+        # task.policy.initial_model <name> names the model this experiment makes (its context length known at
+        # launch, for the length checks).
+        trained_models.OFFLINE_MODELS[self.name] = self.pretrain.n_ctx
+
+
+def resolve_initial_model(exp: OfflineExperiment, *tasks):
+    """task.policy.initial_model <name> names the experiment's pretrained model, made once
+    (ensure_pretrained): the trainers get its directory. All the tasks of a run at once, so that it is
+    checked (and reported) once. Collective."""
+    named = [task for task in tasks if task.policy.initial_model == exp.name]
+    if named:
+        model = ensure_pretrained(exp)
+        for task in named:
+            task.policy.initial_model = model
+
+
+def prepare_reward_training(exp: OfflineExperiment, hparams: train_reward_module.HParams, save_dir):
+    """For labels.source <name>, make the labels (<save_dir>/<name>_labels.json; a resumed run reuses
+    them) and point labels.source at them. Collective. Returns the held-out accuracy a perfect learner of
+    the labeler would reach (rank 0; None when the labels are not ours)."""
+    if hparams.labels.source != exp.name:
+        return None
+    if not save_dir:
+        raise ValueError(f"labels.source '{exp.name}' writes the labels into run.save_dir, which is not set")
+    path = os.path.join(save_dir, f'{exp.name}_labels.json')
+    num_labels = hparams.labels.num_train + exp.held_out_labels
+    started = time.time()
+    if not utils.mpi_bcast(os.path.isfile(path)):
+        make_labels(exp, hparams, path, num_labels=num_labels, seed=hparams.run.seed or 0)
+        made = f'made in {time.time() - started:.0f}s'
+    else:
+        made = 'reused: this save dir already had them'
+    hparams.labels.source = path
+    error = ceiling = None
+    if utils.is_root():
+        with open(path) as f:
+            records = json.load(f)
+        if len(records) != num_labels:
+            error = (f'{path} holds {len(records)} label records, this run needs {num_labels} (labels.num_train '
+                     f'{hparams.labels.num_train} + {exp.held_out_labels} held out): it belongs to another run; '
+                     f'choose another --save_dir')
+        else:
+            print(f"{exp.name}: {num_labels} labels by {exp.labeler.description} in {path} "
+                  f"({hparams.labels.num_train} to train on, {exp.held_out_labels} held out; {made})")
+            if exp.held_out_labels:
+                encoder = trained_models.TrainedModel(hparams.task.policy.initial_model).encoding.get_encoder()
+                ceiling = labeler_ceiling(exp.labeler, records[hparams.labels.num_train:], encoder)
+    error = utils.mpi_bcast(error)  # every rank stops, not only rank 0
+    if error is not None:
+        raise ValueError(error)
+    return ceiling
+
+
+@contextlib.contextmanager
+def cpu_threads(exp: OfflineExperiment):
+    """exp.cpu_threads intra-op threads while the experiment runs on a CPU (restored after)."""
+    if utils.get_device().type != 'cpu':
+        yield
+        return
+    saved = torch.get_num_threads()
+    torch.set_num_threads(exp.cpu_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+class _Phases:
+    """Wall time per phase of a command, in order: `with phases('labels'): ...`."""
+
+    def __init__(self):
+        self.started = time.time()
+        self.spans = {}  # name -> (start, end)
+
+    @contextlib.contextmanager
+    def __call__(self, name):
+        start = time.time()
+        try:
+            yield
+        finally:
+            self.spans[name] = (start, time.time())
+
+    def split(self, name, first, second, *, at):
+        """Divide phase `name` at time `at` (clamped into it; None: at its start) into `first`, `second`."""
+        start, end = self.spans.pop(name)
+        at = min(max(start if at is None else at, start), end)
+        self.spans[first], self.spans[second] = (start, at), (at, end)
+
+    def seconds(self):
+        return {name: end - start for name, (start, end) in self.spans.items()}
+
+
+def train_reward(exp: OfflineExperiment, hparams: train_reward_module.HParams):
+    """`launch.py train_reward <name>`: prepare, train_reward.train, report the held-out accuracy."""
+    with cpu_threads(exp):
+        return _train_reward(exp, hparams)
+
+
+def train_policy(exp: OfflineExperiment, hparams: train_policy_module.HParams):
+    """`launch.py train_policy <name>`: prepare, train_policy.train (reward model first), report."""
+    with cpu_threads(exp):
+        return _train_policy(exp, hparams)
+
+
+def _check_labeler(exp: OfflineExperiment):
+    # Fails now, in one line, when the labeler cannot run (a package not installed), not after pretraining.
+    exp.labeler.score('')
+
+
+def _train_reward(exp, hparams):
+    phases = _Phases()
+    save_dir = hparams.run.save_dir
+    _check_labeler(exp)
+    with phases('initial model'):
+        resolve_initial_model(exp, hparams.task)
+    with phases('labels'):
+        ceiling = prepare_reward_training(exp, hparams, save_dir)
+    with phases('train_reward'):
+        train_reward_module.train(hparams)
+    num_responses = label_types.get(hparams.labels.type).num_responses
+    report = dict(**reward_report(save_dir, ceiling=ceiling, num_responses=num_responses),
+                  phase_times_s=phases.seconds(), wall_time_s=time.time() - phases.started)
+    return finish(exp, report, save_dir)
+
+
+def _last_write(directory):
+    """The newest modification time of the files under directory (None when there are none)."""
+    times = [os.path.getmtime(os.path.join(root, f)) for root, _, names in os.walk(directory) for f in names]
+    return max(times, default=None)
+
+
+def _train_policy(exp, hparams):
+    phases = _Phases()
+    save_dir = hparams.run.save_dir
+    if not save_dir:
+        raise ValueError(f'the {exp.name} experiment needs run.save_dir: the report compares the saved policy '
+                         f'with the initial one')
+    _check_labeler(exp)
+    reward_hparams = hparams.rewards.train_new_model
+    ceiling = None
+    with phases('initial model'):
+        resolve_initial_model(exp, hparams.task, *([reward_hparams.task] if reward_hparams is not None else []))
+    if reward_hparams is not None:
+        with phases('labels'):
+            ceiling = prepare_reward_training(exp, reward_hparams, save_dir)
+
+    with phases('training'):
+        train_policy_module.train(hparams)
+    if reward_hparams is not None:
+        # train_policy.train trains the reward model first: the reward model's last write ends that phase.
+        phases.split('training', 'train_reward', 'train_policy', at=_last_write(os.path.join(save_dir, 'reward_model')))
+
+    seed = hparams.run.seed or 0
+    with phases('report samples'):
+        before, before_examples = sample_scores(exp, hparams.task.policy.initial_model, hparams.task, seed=seed)
+        after, after_examples = sample_scores(exp, os.path.join(save_dir, 'policy'), hparams.task, seed=seed)
+    report = dict(labeler=exp.labeler.description, **score_report(exp.labeler, before, after),
+                  **policy_report(save_dir, hparams))
+    if reward_hparams is not None:
+        num_responses = label_types.get(reward_hparams.labels.type).num_responses
+        report.update(reward_report(save_dir, ceiling=ceiling, num_responses=num_responses))
+    report.update(examples=dict(initial=before_examples, trained=after_examples),
+                  phase_times_s=phases.seconds(), wall_time_s=time.time() - phases.started)
+    return finish(exp, report, save_dir)
+
+
+def best_of_n(exp: OfflineExperiment, hparams: train_policy_module.HParams, *, n, queries, seed):
+    """`sample.py best_of_n`: report.best_of_n_rows, with the experiment's CPU threads."""
+    with cpu_threads(exp):
+        return best_of_n_rows(exp, hparams, n=n, queries=queries, seed=seed)

@@ -1,0 +1,95 @@
+"""Ours: an offline experiment's labels. For each query of the task's dataset the initial policy samples N
+responses at the task's temperature and the experiment's labeler picks the best: the highest score of the
+(postprocessed) responses, ties broken at random (seeded). Written in the original's best_of_N JSON format
+({query, sample0..N-1, best}, token ids), which train_reward reads back through its normal label path."""
+
+import json
+import os
+
+import numpy as np
+import torch
+
+from lm_human_preferences import label_types, lm_tasks
+from lm_human_preferences import train_reward as train_reward_module
+from lm_human_preferences.language import trained_models
+from lm_human_preferences.policy import Policy
+from lm_human_preferences.training.execution import Execution
+from lm_human_preferences.training.run import Progress
+from lm_human_preferences.utils import core as utils
+from lm_human_preferences.utils import files
+
+
+def pick_best(scores, rng):
+    """Index of the highest score in each row of scores [n, N], ties broken at random by rng."""
+    return np.array([rng.choice(np.flatnonzero(row == row.max())) for row in np.asarray(scores)])
+
+
+def frozen_policy(model_name, task):
+    """A frozen Policy of the named model (a name or dir, as task.policy.initial_model) for the task."""
+    m = trained_models.TrainedModel(model_name)
+    policy = Policy.for_task(m, task).to(utils.get_device())
+    policy.requires_grad_(False)
+    return policy, m.encoding.get_encoder()
+
+
+def rank_generator(seed):
+    # One stream per rank, as set_mpi_seed; on the device, where sampling happens.
+    return torch.Generator(device=utils.get_device()).manual_seed(seed + 100003 * utils.get_rank())
+
+
+def make_labels(exp, hparams: train_reward_module.HParams, path, *, num_labels, seed):
+    """Write num_labels best_of_N records to path, labelled by the experiment's labeler; collective. Each
+    rank (in its section) labels its share of its own queries with its own random streams."""
+    task = hparams.task
+    label_type = label_types.get(hparams.labels.type)
+    if not isinstance(label_type, label_types.PickBest):
+        raise ValueError(f"the {exp.name} labels are best_of_N; labels.type is '{hparams.labels.type}'")
+    policy, encoder = frozen_policy(task.policy.initial_model, task)
+    postprocess = lm_tasks.postprocess_fn_from_hparams(task, encoder.padding_token)
+    per_rank = utils.ceil_div(num_labels, utils.get_world_size())
+    batch_size = min(utils.exact_div(hparams.rollout_batch_size, utils.get_world_size()), per_rank)
+    sampler = lm_tasks.make_query_sampler(hparams=task, encoder=encoder, batch_size=batch_size)
+    # run.microbatch_size 'auto': planned as train_reward plans it (its normalization samples such rollouts).
+    execution = Execution.prepare(hparams.run, train_reward_module.memory_passes(hparams), policy.model_hparams,
+                                  resident=1, trained=0, what=f'{exp.name} labels')
+    printing, progress = utils.is_root(), Progress(utils.ceil_div(per_rank, batch_size) * len(utils.local_ranks()))
+
+    def rank_records():
+        generator = rank_generator(seed)
+        rng = np.random.RandomState(seed + 100003 * utils.get_rank())
+        records = []
+        while len(records) < per_rank:
+            queries = sampler()['tokens']
+            with torch.no_grad():
+                # The labelers saw postprocessed (truncated) samples, as the original's label files hold.
+                samples = [postprocess(policy.respond(queries, task.response_length, generator=generator,
+                                                      execution=execution)['responses'])
+                           for _ in range(label_type.num_responses)]
+            scores = torch.stack([exp.labeler.scores(s, encoder) for s in samples], dim=1).numpy()  # [b, N]
+            best = pick_best(scores, rng)
+            for i in range(len(queries)):
+                record = dict(query=queries[i].tolist(), best=int(best[i]))
+                record.update({f'sample{j}': s[i].tolist() for j, s in enumerate(samples)})
+                records.append(record)
+            progress.done += 1
+            if printing and progress.due():
+                print(f'[{exp.name} labels: batch {progress()}]', flush=True)
+        return records[:per_rank]
+
+    every_rank = utils.gather_ranks_to_root(utils.for_each_rank(rank_records))
+    if utils.is_root():
+        records = [record for rank in every_rank for record in rank][:num_labels]
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        files.atomic_write(path, json.dumps(records).encode())
+    utils.mpi_bcast(None)  # everyone waits until the file is in place
+
+
+def labeler_ceiling(labeler, records, encoder):
+    """The expected accuracy of a perfect learner of the labeler on best_of_N records: it can only pick
+    one of the samples tied for the highest score, and the label is a random one of those."""
+    sample_keys = sorted(k for k in records[0] if k.startswith('sample'))
+    inverse_ties = []
+    for record in records:
+        scores = np.array([labeler.score(encoder.decode(record[k])) for k in sample_keys])
+        inverse_ties.append(1 / np.sum(scores == scores.max()))
+    return float(np.mean(inverse_ties))

@@ -1,0 +1,174 @@
+"""Ours: an offline experiment's initial model, a small GPT-2 on its encoding pretrained on its corpus (next-token
+prediction) and cached in saved_models_dir()/<name>, reused while its hparams, encoding and corpus are unchanged."""
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+
+import torch
+
+from lm_human_preferences.language import bf16, checkpoints, model, trained_models
+from lm_human_preferences.training.adam import AdamTF
+from lm_human_preferences.training.run import Progress
+from lm_human_preferences.utils import core as utils
+
+
+@dataclass(frozen=True)
+class PretrainHParams:
+    """An experiment's initial model and its pretraining on its corpus (next-token prediction)."""
+    n_layer: int = 2
+    n_embd: int = 128
+    n_head: int = 4
+    n_ctx: int = 64  # >= query_length + response_length of the task; the pretraining windows' length
+    steps: int = 400
+    batch_size: int = 32
+    lr: float = 3e-3  # decayed linearly to 0
+    seed: int = 0
+    # The products with the output embedding in bf16 where the CPU multiplies bf16 natively (see
+    # pretraining_products_dtype): for a large vocabulary, where they are most of a step's time.
+    bf16_products: bool = False
+
+
+def model_dir(exp):
+    return trained_models.offline_model_dir(exp.name)
+
+
+def _pretrain_key(exp):
+    """What the cached model was made from: a different key means it must be made again."""
+    return dict(pretrain=asdict(exp.pretrain), encoding=exp.encoding.name,
+                corpus_sha1=hashlib.sha1(exp.corpus().encode()).hexdigest(),
+                products_dtype=str(pretraining_products_dtype(exp.pretrain)).removeprefix('torch.'))
+
+
+def pretraining_products_dtype(hparams: PretrainHParams):
+    """The dtype of the pretraining's three products with the output embedding (_LinearCrossEntropy):
+    with hparams.bf16_products, bf16 where the CPU multiplies bf16 natively (AVX512-BF16 or AMX: 2.5x
+    fp32's speed on this project's CPU), else fp32 (bf16 would be emulated, slower than fp32). The
+    pretraining is ours, not the original's: its precision is our choice."""
+    native = bf16.native_bf16_cpu()
+    return torch.bfloat16 if hparams.bf16_products and native else torch.float32
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """The mean cross-entropy of the logits h @ w.T [n, n_vocab] against targets [n], computed a chunk of
+    rows at a time with its gradients (softmax - one-hot, then the two products) in the forward pass: with
+    GPT-2's 50,257-token vocabulary the logits' softmax and its backward otherwise cost as much as the
+    projection itself, and the whole [n, n_vocab] logits never exist at once. Same value and gradients as
+    F.cross_entropy(F.linear(h, w), targets) (to float rounding) when products_dtype is h's dtype.
+
+    products_dtype: the dtype of the three products (the logits, and the gradients' two); the softmax, the
+    loss and the accumulated gradients stay in h's dtype. bf16 products are mixed-precision training as on
+    a GPU: the loss is within about 1e-5 and the gradients within about 1% of fp32's."""
+
+    CHUNK = 128  # rows: 25 MB of fp32 logits with GPT-2's vocabulary
+
+    @staticmethod
+    def forward(ctx, h, w, targets, products_dtype):
+        n = h.shape[0]
+        grad_h, grad_w = torch.empty_like(h), torch.zeros_like(w)
+        total = h.new_zeros(())
+        w_products = w.to(products_dtype)  # a no-op in h's dtype
+        for start in range(0, n, _LinearCrossEntropy.CHUNK):
+            rows = slice(start, start + _LinearCrossEntropy.CHUNK)
+            h_rows, t_rows = h[rows].to(products_dtype), targets[rows]
+            logits = (h_rows @ w_products.T).to(h.dtype)  # [c, n_vocab]
+            target_logits = logits.gather(1, t_rows[:, None])[:, 0]
+            # log-softmax with one exp pass: logsumexp = max + log(sum(exp(logits - max))).
+            top = logits.amax(dim=1, keepdim=True)
+            probs = logits.sub_(top).exp_()  # in place: the logits are not needed again
+            sums = probs.sum(dim=1, keepdim=True)
+            total += (top[:, 0] + sums[:, 0].log() - target_logits).sum()
+            probs.div_(sums)
+            probs[torch.arange(len(t_rows)), t_rows] -= 1  # d loss / d logits, for the sum over rows
+            probs = probs.to(products_dtype)
+            grad_h[rows] = probs @ w_products
+            if probs.dtype == grad_w.dtype:
+                grad_w.addmm_(probs.T, h_rows)  # fused: no [n_vocab, e] temporary
+            else:
+                grad_w += probs.T @ h_rows  # a bf16 product, summed into the fp32 gradient
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.n = n
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grad_h, grad_w = ctx.saved_tensors
+        scale = grad_loss / ctx.n
+        return grad_h * scale, grad_w * scale, None, None
+
+
+def pretrain(exp, out_dir, key):
+    """Train the experiment's initial model on its corpus and save it to out_dir (our checkpoint format),
+    with key (_pretrain_key: what it was made from) in pretrain.json.
+
+    Written to a temporary dir that is then renamed into place, so a crash never leaves a half model.
+    """
+    hparams = exp.pretrain
+    tokens = torch.tensor(exp.encoding.get_encoder().encode(exp.corpus()), dtype=torch.long)
+    model_hparams = model.HParams(n_vocab=exp.encoding.n_vocab, n_ctx=hparams.n_ctx, n_embd=hparams.n_embd,
+                                  n_head=hparams.n_head, n_layer=hparams.n_layer)
+    # fork_rng: the model's initialisation uses the global RNG; the caller's stream stays untouched.
+    with torch.random.fork_rng():
+        torch.manual_seed(hparams.seed)
+        lm = model.Model(model_hparams)
+    generator = torch.Generator().manual_seed(hparams.seed)
+    optimizer = AdamTF(lm.parameters(), lr=hparams.lr)
+    offsets = torch.arange(hparams.n_ctx + 1)
+    products_dtype = pretraining_products_dtype(hparams)
+    progress = Progress(hparams.steps)
+    for step in range(hparams.steps):
+        starts = torch.randint(0, len(tokens) - hparams.n_ctx - 1, (hparams.batch_size, 1), generator=generator)
+        window = tokens[starts + offsets]  # [batch, n_ctx + 1]
+        h = lm(window[:, :-1], lm_logits=False, return_present=False)['h']  # [batch, n_ctx, n_embd]
+        loss = _LinearCrossEntropy.apply(h.reshape(-1, hparams.n_embd), lm.wte, window[:, 1:].reshape(-1),
+                                         products_dtype)
+        for group in optimizer.param_groups:
+            group['lr'] = hparams.lr * (1 - step / hparams.steps)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        progress.done = step + 1
+        if progress.due():
+            print(f'[{exp.name} pretraining: step {progress()}, loss {loss.item():.3f}]', flush=True)
+
+    tmp = f'{out_dir}.tmp-{os.getpid()}'
+    checkpoints.save_checkpoint(tmp, hparams.steps, lm, hparams=model_hparams, encoding=exp.encoding)
+    with open(os.path.join(tmp, 'pretrain.json'), 'w') as f:
+        json.dump(key, f, indent=2)
+    if os.path.isdir(out_dir):  # a stale model (other hparams or corpus): replaced
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+def ensure_pretrained(exp):
+    """Make saved_models_dir()/<name> unless it holds a model made from the experiment's pretraining
+    hparams, encoding and corpus; collective (rank 0 trains, the others wait). Returns the dir."""
+    out_dir = model_dir(exp)
+    if not utils.is_root():
+        error = utils.mpi_bcast(None)
+        if error is not None:
+            raise RuntimeError(f'{exp.name} pretraining failed on rank 0: {error}')
+        return out_dir
+    key_path = os.path.join(out_dir, 'pretrain.json')
+    cached = None
+    if os.path.isfile(key_path):
+        with open(key_path) as f:
+            cached = json.load(f)
+    try:
+        key = _pretrain_key(exp)
+        if cached == key and checkpoints.latest_checkpoint(out_dir) is not None:
+            print(f'{exp.name}: using the pretrained initial model in {out_dir}')
+        else:
+            p = exp.pretrain
+            print(f'{exp.name}: pretraining the initial model into {out_dir} ({p.n_layer} layers, width '
+                  f'{p.n_embd}, {exp.encoding.n_vocab:,}-token vocabulary, {p.steps} steps of {p.batch_size} '
+                  f'x {p.n_ctx} tokens; {key["products_dtype"]} products with the output embedding)', flush=True)
+            pretrain(exp, out_dir, key)
+    except Exception as e:
+        utils.mpi_bcast(f'{type(e).__name__}: {e}')  # the other ranks must not wait for a model that never comes
+        raise
+    utils.mpi_bcast(None)
+    return out_dir

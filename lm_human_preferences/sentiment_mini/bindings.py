@@ -1,0 +1,52 @@
+"""Ours: the sentiment miniature's experiments, as launch.py binds the paper's (the original's combos): the
+books task but for its dataset and initial model, its reward model's and its policy's settings. Built from
+launch.py's books task and shared reward-model bindings, which it passes in. Light to import. The reasons for
+its sizes and rates, measured: docs/sentiment_mini.md."""
+
+from lm_human_preferences.utils.combos import bind, bind_nested, combos
+
+
+def _rebind(experiment, values):
+    """The experiment's trials with the values of some of their keys replaced (each must be bound)."""
+    for trial in experiment:
+        unbound = set(values) - {k for k, _, _ in trial}
+        assert not unbound, f'not bound in the experiment: {sorted(unbound)}'
+    return [tuple((k, values.get(k, v), extra) for k, v, extra in trial) for trial in experiment]
+
+
+def task(books_task):
+    """The books task on the miniature's dataset (two public-domain books) and initial model (a small GPT-2 on
+    the real BPE, pretrained on them)."""
+    return _rebind(books_task, {'query_dataset': 'sentiment_mini', 'policy.initial_model': 'sentiment_mini'})
+
+
+def train_reward(books_task, shared):
+    return combos(
+        bind_nested('task', task(books_task)),
+        shared,
+        bind('labels.source', 'sentiment_mini'),  # made by VADER into <save_dir>/sentiment_mini_labels.json
+        bind('labels.num_train', 4096),
+        bind('batch_size', 4),
+        bind('lr', 1e-3),  # a small model: far above GPT-2's 5e-5
+        bind('rollout_batch_size', 128),
+        bind('run.seed', 1),
+    )
+
+
+def train_policy(books_task, reward_experiment):
+    return combos(
+        bind_nested('task', task(books_task)),
+        bind('rewards.train_new_model', 'on'),
+        bind_nested('rewards.train_new_model', reward_experiment),
+        bind('rewards.kl_coef', 0.25),  # above the paper's 0.15: the controller lowers it at the start of a run
+        bind('rewards.adaptive_kl', 'on'),
+        bind('rewards.adaptive_kl.target', 6.0),  # the paper's sentiment target
+        bind('rewards.adaptive_kl.horizon', 500),  # short, so that the controller acts within the run
+        bind('ppo.lr', 2e-4),  # a small model: far above GPT-2's 1e-5
+        bind('ppo.total_episodes', 5632),  # 44 PPO batches
+        bind('ppo.batch_size', 128),  # minibatches of 64, as each of the paper's ranks had
+        bind('ppo.nminibatches', 2),
+        bind('ppo.noptepochs', 2),  # 44 batches of 2 epochs rather than 24 of 4, in the same time
+        bind('run.log_interval', 11),
+        bind('run.seed', 1),
+    )

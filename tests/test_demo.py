@@ -13,10 +13,10 @@ import numpy as np
 import torch
 import pytest
 
-from lm_human_preferences import demo, label_types, lm_tasks
+from lm_human_preferences import demo, label_types, lm_tasks, train_policy
 from lm_human_preferences.offline import experiment
 from lm_human_preferences.offline import report as offline_report
-from lm_human_preferences.language import encodings
+from lm_human_preferences.language import checkpoints, encodings, model
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location('top_launch', REPO_ROOT / 'launch.py')
@@ -58,6 +58,25 @@ def test_the_initial_model_is_resolved_once_for_all_tasks(tmp_path, monkeypatch,
     assert lines == [f'demo: pretraining the initial model into {model} (1 layers, width 16, 27-token vocabulary, '
                      f'2 steps of 2 x 64 tokens; float32 products with the output embedding)',
                      f'demo: using the pretrained initial model in {model}']
+
+
+def test_a_model_of_another_encoding_is_one_line_before_any_work(tmp_path, monkeypatch):
+    """The demo runs on the original's `test` characters: a GPT-2 BPE model (a Hugging Face GPT-2's encoding)
+    as its initial model is one line naming the encodings and where such a model runs, before anything is made
+    (no pretraining, no labels); the sentiment miniature says the same the other way round."""
+    monkeypatch.setenv('LMHP_SAVED_MODELS_DIR', str(tmp_path / 'models'))
+    hp = model.HParams(n_vocab=encodings.Main.n_vocab, n_ctx=96, n_embd=8, n_head=1, n_layer=1)
+    checkpoints.save_checkpoint(str(tmp_path / 'bpe'), 0, model.Model(hp), hparams=hp, encoding=encodings.Main)
+    hparams = train_policy.HParams()
+    hparams.override_from_dict({k: v for k, v, _ in top_launch.get_experiments()['demo'][0] if k is not None})
+    hparams.override_from_dict({'task.policy.initial_model': str(tmp_path / 'bpe'), 'run.save_dir': str(tmp_path / 'run')})
+    with pytest.raises(ValueError) as e:
+        demo.train_policy(hparams)
+    assert str(e.value) == (f"task.policy.initial_model {tmp_path / 'bpe'} is a model of the 'main' encoding; the demo "
+                            f"experiment runs on the 'test' encoding (the original's 26 letters and '.'): a model of "
+                            f"GPT-2's BPE (`main`, a Hugging Face GPT-2 included) runs on the sentiment_mini experiment "
+                            f"or the paper's tasks")
+    assert not (tmp_path / 'models').exists() and not (tmp_path / 'run').exists()
 
 
 def test_report_line_of_the_reward_model():

@@ -5,6 +5,7 @@ end-to-end run (those are tests/test_demo.py and tests/test_sentiment_mini.py, i
 import dataclasses
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -218,9 +219,64 @@ def test_sentiment_mini_queries_are_book_passages():
 
 
 def test_phases_split():
-    phases = experiment._Phases()
+    phases = experiment._Phases('demo')
     phases.spans = {'labels': (0.0, 1.0), 'training': (1.0, 11.0)}
     phases.split('training', 'train_reward', 'train_policy', at=4.0)
     assert phases.seconds() == {'labels': 1.0, 'train_reward': 3.0, 'train_policy': 7.0}
     phases.split('train_policy', 'a', 'b', at=None)  # nothing written: all of it in the second
     assert phases.seconds()['a'] == 0 and phases.seconds()['b'] == 7.0
+
+
+def test_a_stopped_pretraining_resumes_to_the_same_model(tmp_path, monkeypatch, capsys):
+    """The pretraining saves its state (model, Adam, the windows' generator, the step) at least every
+    SAVE_EVERY_S seconds and when a stop ends it, says so in one line, and a rerun resumes there to the very
+    model an uninterrupted pretraining makes; the saved state goes once the model is made."""
+    exp = dataclasses.replace(demo.EXPERIMENT, pretrain=dataclasses.replace(
+        demo.EXPERIMENT.pretrain, n_embd=16, n_head=2, n_layer=1, n_ctx=16, steps=6, batch_size=2))
+    key = pretrain._pretrain_key(exp)
+    whole = pretrain.pretrain(exp, str(tmp_path / 'whole'), key)
+
+    step = pretrain._pretraining_step
+    def stopped_at_4(*args):
+        if args[-1] == 4:
+            raise KeyboardInterrupt
+        return step(*args)
+    monkeypatch.setattr(pretrain, 'SAVE_EVERY_S', 0)  # and saved after every step before it
+    monkeypatch.setattr(pretrain, '_pretraining_step', stopped_at_4)
+    out = str(tmp_path / 'resumed')
+    with pytest.raises(KeyboardInterrupt):
+        pretrain.pretrain(exp, out, key)
+    assert 'demo: pretraining stopped at step 4/6, saved; rerunning the same command resumes there' in \
+        capsys.readouterr().err
+    assert not os.path.exists(out) and os.path.isdir(out + '.partial')
+    monkeypatch.setattr(pretrain, '_pretraining_step', step)
+    pretrain.pretrain(exp, out, key)
+    assert 'resuming the pretraining at step 4/6' in capsys.readouterr().out
+    a, b = checkpoints.load_checkpoint(whole), checkpoints.load_checkpoint(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not os.path.exists(out + '.partial')
+    # A state made for other hparams (another key) is not resumed from.
+    monkeypatch.setattr(pretrain, '_pretraining_step', stopped_at_4)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain.pretrain(exp, str(tmp_path / 'other'), key)
+    monkeypatch.setattr(pretrain, '_pretraining_step', step)
+    pretrain.pretrain(exp, str(tmp_path / 'other'), dict(key, corpus_sha1='another'))
+    assert 'resuming' not in capsys.readouterr().out
+
+
+def test_a_stop_in_a_phase_says_what_a_rerun_does(capsys):
+    """A stop in a phase that does not say it itself (the labels, the report's samples) is one line naming the
+    phase and what rerunning the same command does; one that was said (the trainers', the pretraining's) is
+    not said twice."""
+    phases = experiment._Phases('demo')
+    with pytest.raises(KeyboardInterrupt):
+        with phases('labels'):
+            raise KeyboardInterrupt
+    assert capsys.readouterr().err == ('demo: stopped during labels; rerunning the same command makes the labels '
+                                       'again (they are written once all are made)\n')
+    said = KeyboardInterrupt()
+    said.reported = True
+    with pytest.raises(KeyboardInterrupt):
+        with phases('train_policy'):
+            raise said
+    assert capsys.readouterr().err == '' and set(phases.seconds()) == {'labels', 'train_policy'}

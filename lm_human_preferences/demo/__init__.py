@@ -35,6 +35,8 @@ EXPERIMENT = experiment.OfflineExperiment(
     # So small a model is bound by per-op overhead: one thread is never far off, where spinning OpenMP threads
     # slow every step down many times when other processes share the cores.
     cpu_threads=1,
+    encoding_note=" (the original's 26 letters and '.'): a model of GPT-2's BPE (`main`, a Hugging Face GPT-2 "
+                  "included) runs on the sentiment_mini experiment or the paper's tasks",
 )
 
 

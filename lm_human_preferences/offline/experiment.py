@@ -19,6 +19,7 @@ under --mpi N: each rank samples its share (in its section, utils/ranks.py) and 
 import contextlib
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -69,11 +70,25 @@ class OfflineExperiment:
     held_out_labels: int = 256
     eval_queries: int = 256
     cpu_threads: int = 1
+    encoding_note: str = ''  # what the encoding is, and where a model of another one runs (an error says it)
 
     def __post_init__(self):
         # task.policy.initial_model <name> names the model this experiment makes (its context length known at
         # launch, for the length checks).
         trained_models.OFFLINE_MODELS[self.name] = self.pretrain.n_ctx
+
+
+def check_initial_models(exp: OfflineExperiment, *tasks):
+    """One line, before any work, for an initial model of another encoding than the experiment's: its dataset,
+    its labels' tokens and its labeler read that one (a model of another would fail far later, or not at all)."""
+    for task in tasks:
+        name = task.policy.initial_model
+        if name == exp.name:
+            continue
+        encoding = trained_models.TrainedModel(name).encoding
+        if encoding.name != exp.encoding.name:
+            raise ValueError(f'task.policy.initial_model {name} is a model of the {encoding.name!r} encoding; the '
+                             f'{exp.name} experiment runs on the {exp.encoding.name!r} encoding{exp.encoding_note}')
 
 
 def resolve_initial_model(exp: OfflineExperiment, *tasks):
@@ -138,20 +153,34 @@ def cpu_threads(exp: OfflineExperiment):
         torch.set_num_threads(saved)
 
 
-class _Phases:
-    """Wall time per phase of a command, in order: `with phases('labels'): ...`."""
+# What rerunning the same command does after a stop in a phase (the trainers and the pretraining say it
+# themselves: training/run.py, pretrain.py).
+RERUN = {'labels': 'makes the labels again (they are written once all are made)',
+         'report samples': 'finds the run done and reports it'}
 
-    def __init__(self):
+
+class _Phases:
+    """Wall time per phase of a command, in order: `with phases('labels'): ...`; a stop (Ctrl-C, a stop signal)
+    in a phase is one line saying where and what a rerun does, unless the phase said it."""
+
+    def __init__(self, name):
+        self.name = name
         self.started = time.time()
         self.spans = {}  # name -> (start, end)
 
     @contextlib.contextmanager
-    def __call__(self, name):
+    def __call__(self, phase):
         start = time.time()
         try:
             yield
+        except KeyboardInterrupt as e:
+            if not getattr(e, 'reported', False) and utils.is_root():
+                print(f'{self.name}: stopped during {phase}; rerunning the same command '
+                      f'{RERUN.get(phase, "starts this phase again")}', file=sys.stderr, flush=True)
+                e.reported = True
+            raise
         finally:
-            self.spans[name] = (start, time.time())
+            self.spans[phase] = (start, time.time())
 
     def split(self, name, first, second, *, at):
         """Divide phase `name` at time `at` (clamped into it; None: at its start) into `first`, `second`."""
@@ -181,9 +210,10 @@ def _check_labeler(exp: OfflineExperiment):
 
 
 def _train_reward(exp, hparams):
-    phases = _Phases()
+    phases = _Phases(exp.name)
     save_dir = hparams.run.save_dir
     _check_labeler(exp)
+    check_initial_models(exp, hparams.task)
     with phases('initial model'):
         resolve_initial_model(exp, hparams.task)
     with phases('labels'):
@@ -203,13 +233,14 @@ def _last_write(directory):
 
 
 def _train_policy(exp, hparams):
-    phases = _Phases()
+    phases = _Phases(exp.name)
     save_dir = hparams.run.save_dir
     if not save_dir:
         raise ValueError(f'the {exp.name} experiment needs run.save_dir: the report compares the saved policy '
                          f'with the initial one')
     _check_labeler(exp)
     reward_hparams = hparams.rewards.train_new_model
+    check_initial_models(exp, hparams.task, *([reward_hparams.task] if reward_hparams is not None else []))
     ceiling = None
     with phases('initial model'):
         resolve_initial_model(exp, hparams.task, *([reward_hparams.task] if reward_hparams is not None else []))

@@ -5,14 +5,20 @@ import hashlib
 import json
 import os
 import shutil
+import sys
+import time
 from dataclasses import asdict, dataclass
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
 
 from lm_human_preferences.language import bf16, checkpoints, model, trained_models
 from lm_human_preferences.training.adam import AdamTF
 from lm_human_preferences.training.run import Progress
 from lm_human_preferences.utils import core as utils
+from lm_human_preferences.utils import files
 
 
 @dataclass(frozen=True)
@@ -99,11 +105,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_h * scale, grad_w * scale, None, None
 
 
+# The pretraining saves its state at least this often (and when a stop signal ends it), to resume from.
+SAVE_EVERY_S = 60
+
+
 def pretrain(exp, out_dir, key):
     """Train the experiment's initial model on its corpus and save it to out_dir (our checkpoint format),
     with key (_pretrain_key: what it was made from) in pretrain.json.
 
-    Written to a temporary dir that is then renamed into place, so a crash never leaves a half model.
+    Written to a temporary dir that is then renamed into place, so a crash never leaves a half model. Its state
+    (the model, Adam, the windows' generator, the step) goes to <out_dir>.partial at least every SAVE_EVERY_S
+    seconds and on a stop signal; a rerun with the same key resumes from it, to the same model.
     """
     hparams = exp.pretrain
     tokens = torch.tensor(exp.encoding.get_encoder().encode(exp.corpus()), dtype=torch.long)
@@ -115,23 +127,29 @@ def pretrain(exp, out_dir, key):
         lm = model.Model(model_hparams)
     generator = torch.Generator().manual_seed(hparams.seed)
     optimizer = AdamTF(lm.parameters(), lr=hparams.lr)
+    partial = PartialState(f'{out_dir}.partial', key, lm, optimizer, generator)
+    start = partial.restore()
+    if start:
+        print(f'{exp.name}: resuming the pretraining at step {start}/{hparams.steps} ({partial.path})', flush=True)
     offsets = torch.arange(hparams.n_ctx + 1)
     products_dtype = pretraining_products_dtype(hparams)
-    progress = Progress(hparams.steps)
-    for step in range(hparams.steps):
-        starts = torch.randint(0, len(tokens) - hparams.n_ctx - 1, (hparams.batch_size, 1), generator=generator)
-        window = tokens[starts + offsets]  # [batch, n_ctx + 1]
-        h = lm(window[:, :-1], lm_logits=False, return_present=False)['h']  # [batch, n_ctx, n_embd]
-        loss = _LinearCrossEntropy.apply(h.reshape(-1, hparams.n_embd), lm.wte, window[:, 1:].reshape(-1),
-                                         products_dtype)
-        for group in optimizer.param_groups:
-            group['lr'] = hparams.lr * (1 - step / hparams.steps)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        progress.done = step + 1
-        if progress.due():
-            print(f'[{exp.name} pretraining: step {progress()}, loss {loss.item():.3f}]', flush=True)
+    progress, saved_at = Progress(hparams.steps, start=start), time.time()
+    step = start
+    try:
+        for step in range(start, hparams.steps):
+            loss = _pretraining_step(lm, optimizer, tokens, generator, offsets, products_dtype, hparams, step)
+            progress.done = step + 1
+            if progress.due():
+                print(f'[{exp.name} pretraining: step {progress()}, loss {loss.item():.3f}]', flush=True)
+            if time.time() - saved_at >= SAVE_EVERY_S:
+                partial.save(step + 1)
+                saved_at = time.time()
+    except KeyboardInterrupt as e:  # Ctrl-C or a stop signal: the steps done are kept
+        partial.save(progress.done)
+        print(f'{exp.name}: pretraining stopped at step {progress.done}/{hparams.steps}, saved; rerunning the same '
+              f'command resumes there ({partial.path})', file=sys.stderr, flush=True)
+        e.reported = True
+        raise
 
     tmp = f'{out_dir}.tmp-{os.getpid()}'
     checkpoints.save_checkpoint(tmp, hparams.steps, lm, hparams=model_hparams, encoding=exp.encoding)
@@ -140,7 +158,66 @@ def pretrain(exp, out_dir, key):
     if os.path.isdir(out_dir):  # a stale model (other hparams or corpus): replaced
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)
+    partial.remove()
     return out_dir
+
+
+def _pretraining_step(lm, optimizer, tokens, generator, offsets, products_dtype, hparams, step):
+    """One step of next-token prediction on batch_size random windows of the corpus; returns its loss."""
+    starts = torch.randint(0, len(tokens) - hparams.n_ctx - 1, (hparams.batch_size, 1), generator=generator)
+    window = tokens[starts + offsets]  # [batch, n_ctx + 1]
+    h = lm(window[:, :-1], lm_logits=False, return_present=False)['h']  # [batch, n_ctx, n_embd]
+    loss = _LinearCrossEntropy.apply(h.reshape(-1, hparams.n_embd), lm.wte, window[:, 1:].reshape(-1),
+                                     products_dtype)
+    for group in optimizer.param_groups:
+        group['lr'] = hparams.lr * (1 - step / hparams.steps)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+class PartialState:
+    """An unfinished pretraining's state in a dir of its own: the model and Adam's moments (safetensors), the
+    windows' generator, the step, Adam's scalars and the key of what is being made (JSON). Restored only for
+    the same key; written whole or not at all (files.atomic_write), the JSON last."""
+
+    def __init__(self, path, key, lm, optimizer, generator):
+        self.path, self.key, self.lm, self.optimizer, self.generator = path, key, lm, optimizer, generator
+
+    def save(self, step):
+        os.makedirs(self.path, exist_ok=True)
+        opt = self.optimizer.state_dict()
+        tensors = {f'model.{k}': v.contiguous() for k, v in self.lm.state_dict().items()}
+        tensors.update({f'adam.{i}.{k}': v.contiguous() for i, state in opt['state'].items() for k, v in state.items()})
+        tensors['generator'] = self.generator.get_state()
+        files.atomic_write(os.path.join(self.path, 'state.safetensors'), save_tensors(tensors))
+        sidecar = dict(step=step, key=self.key, param_groups=opt['param_groups'])
+        files.atomic_write(os.path.join(self.path, 'state.json'), json.dumps(sidecar).encode())
+
+    def restore(self):
+        """The step the saved state reached (0 when there is none for this key, or it cannot be read)."""
+        try:
+            with open(os.path.join(self.path, 'state.json')) as f:
+                sidecar = json.load(f)
+            if sidecar['key'] != self.key:
+                return 0
+            with open(os.path.join(self.path, 'state.safetensors'), 'rb') as f:
+                tensors = load_tensors(f.read())
+        except (OSError, ValueError, KeyError, SafetensorError):
+            return 0
+        self.lm.load_state_dict({k[len('model.'):]: v for k, v in tensors.items() if k.startswith('model.')})
+        state = {}
+        for k, v in tensors.items():
+            if k.startswith('adam.'):
+                _, i, name = k.split('.', 2)
+                state.setdefault(int(i), {})[name] = v
+        self.optimizer.load_state_dict(dict(state=state, param_groups=sidecar['param_groups']))
+        self.generator.set_state(tensors['generator'])
+        return sidecar['step']
+
+    def remove(self):
+        shutil.rmtree(self.path, ignore_errors=True)
 
 
 def ensure_pretrained(exp):

@@ -53,6 +53,8 @@ EXPERIMENT = experiment.OfflineExperiment(
     # 1,024 test queries: the trained policy's gain to a standard error of ~0.05 of the initial scores' std.
     eval_queries=1024,
     cpu_threads=2,  # unlike the demo's, this model's time goes to large matrix products (the logits)
+    encoding_note=" (OpenAI's GPT-2 BPE, a Hugging Face GPT-2's): a model of the original's `test` characters runs "
+                  "on the demo experiment",
 )
 
 

@@ -7,6 +7,7 @@
     python launch.py train_policy sentiment_mini my_run    # the sentiment task in miniature, offline too
 """
 
+import functools
 import importlib
 import os
 import tempfile
@@ -294,6 +295,19 @@ def _command(exp, trainer, command):
     return trainer.train
 
 
+REWARD_SEED = 'rewards.train_new_model.run.seed'
+
+
+def _one_seed(hparams, *, reward_seed_given):
+    """Ours: when train_policy trains its reward model first, the policy's run.seed seeds that phase too (its
+    labels' draws, its training; an offline experiment's initial model follows it), unless the command line
+    sets rewards.train_new_model.run.seed itself: one seed draws the whole run. Then train_policy's derive."""
+    from lm_human_preferences import train_policy
+    if hparams.rewards.train_new_model is not None and not reward_seed_given:
+        hparams.rewards.train_new_model.run.seed = hparams.run.seed
+    train_policy.chain_reward_model(hparams)
+
+
 def launch_train_policy(exp, name, dry_run=False, mpi=None, procs=None, save_dir=os.path.join(tempfile.gettempdir(), 'save', 'train_policy'), **extra_hparams):
     """Fine-tune a policy with PPO against a reward model: the experiment's reward model is trained first
     into <save_dir>/NAME/reward_model, unless --rewards.trained_model DIR --rewards.train_new_model off.
@@ -306,7 +320,8 @@ def launch_train_policy(exp, name, dry_run=False, mpi=None, procs=None, save_dir
     launch.launch_trials(
         name, fn=_command(exp, train_policy, 'train_policy'), trials=trials, mpi=_default_mpi(exp) if mpi is None else mpi, procs=procs, save_dir=save_dir,
         hparam_class=train_policy.HParams, extra_hparams=extra_hparams, dry_run=dry_run,
-        hparams_for_ranks=train_policy.check_ranks, derive=train_policy.chain_reward_model)
+        hparams_for_ranks=train_policy.check_ranks,
+        derive=functools.partial(_one_seed, reward_seed_given=REWARD_SEED in extra_hparams))
 
 
 def launch_train_reward(exp, name, dry_run=False, mpi=None, procs=None, save_dir=os.path.join(tempfile.gettempdir(), 'save', 'train_reward'), **extra_hparams):

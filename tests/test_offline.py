@@ -76,6 +76,30 @@ def test_labeler_ceiling_counts_ties():
     assert labels.labeler_ceiling(labeler, records, encoder) == pytest.approx((1 + 1 / 4) / 2)
 
 
+def test_bag_of_words_accuracy_learns_a_token_and_not_noise():
+    """The reward model's bag-of-words baseline: where one token makes a response the best, it is learned from
+    the training records and found in held-out ones (accuracy 1); where `best` is drawn at random, held-out
+    accuracy is chance (1/4); an all-tied held-out record counts 1/4 (ties as train_reward counts them)."""
+    rng = np.random.RandomState(0)
+    pad, good = 9, 7
+
+    def records(n, informative):
+        out = []
+        for _ in range(n):
+            samples = rng.randint(0, 7, size=(4, 5))  # tokens 0..6, never the good one
+            samples[:, -1] = pad
+            best = rng.randint(4)
+            if informative:
+                samples[best, rng.randint(4)] = good
+            out.append(dict(query=[0], best=int(best), **{f'sample{i}': samples[i].tolist() for i in range(4)}))
+        return out
+    assert labels.bag_of_words_accuracy(records(200, True), records(100, True), padding_token=pad) == 1
+    noise = labels.bag_of_words_accuracy(records(200, False), records(2000, False), padding_token=pad)
+    assert abs(noise - 0.25) < 0.05
+    tied = [dict(query=[0], best=2, **{f'sample{i}': [1, 2, pad] for i in range(4)})]
+    assert labels.bag_of_words_accuracy(records(50, True), tied, padding_token=pad) == 0.25
+
+
 def test_missing_vader_is_one_line(monkeypatch):
     import builtins
     real_import = builtins.__import__
@@ -111,7 +135,7 @@ def test_vader_labels_in_the_original_format_read_back_by_train_reward(tmp_path)
     hparams.task.policy.initial_model = _random_main_model(tmp_path / 'initial')
     hparams.labels.num_train, hparams.rollout_batch_size = 6, 8  # one batch of 8 queries
     exp = dataclasses.replace(sentiment_mini.EXPERIMENT, held_out_labels=2)
-    ceiling = experiment.prepare_reward_training(exp, hparams, str(tmp_path))
+    references = experiment.prepare_reward_training(exp, hparams, str(tmp_path))
     path = tmp_path / 'sentiment_mini_labels.json'
     assert hparams.labels.source == str(path)
     records = json.loads(path.read_text())
@@ -119,17 +143,18 @@ def test_vader_labels_in_the_original_format_read_back_by_train_reward(tmp_path)
                                       for r in records)
     encoder = encodings.Main.get_encoder()
     for r in records:
-        assert len(r['query']) == 64 and all(len(r[f'sample{i}']) == 24 for i in range(4))
+        assert len(r['query']) == 24 and all(len(r[f'sample{i}']) == 16 for i in range(4))
         scores = [vader.compound_score(encoder.decode(r[f'sample{i}'])) for i in range(4)]
         assert scores[r['best']] == max(scores)
         assert encoder.decode(r['query']).endswith('.')  # the books pipeline: cut back to the last '.'
-    assert 0.25 <= ceiling <= 1
+    assert sorted(references) == ['bag_of_words', 'ceiling']
+    assert 0.25 <= references['ceiling'] <= 1 and 0 <= references['bag_of_words'] <= 1
 
     label_type = label_types.get('best_of_4')
     train, held_out = train_reward.download_labels(
-        str(path), label_type, label_type.question_schemas(query_length=64, response_length=24), 6,
+        str(path), label_type, label_type.question_schemas(query_length=24, response_length=16), 6,
         n_vocab=encodings.Main.n_vocab, padding_token=encoder.padding_token)
-    assert train['sample0'].shape == (6, 24) and held_out['query'].shape == (2, 64)
+    assert train['sample0'].shape == (6, 16) and held_out['query'].shape == (2, 24)
     assert held_out['best'].tolist() == [r['best'] for r in records[6:]]
     # A rerun in the same save dir reuses them; one needing another number of labels is refused.
     hparams.labels.source = 'sentiment_mini'
@@ -185,17 +210,19 @@ def test_pretraining_products_dtype(monkeypatch):
         monkeypatch.setattr(torch.cpu, '_is_amx_tile_supported', lambda: False, raising=False)
         assert pretrain.pretraining_products_dtype(asked) == (torch.bfloat16 if native else torch.float32)
         # The cached model's key says which, so that a model made one way is not taken for the other.
-        key = pretrain._pretrain_key(dataclasses.replace(demo.EXPERIMENT, pretrain=asked))
+        key = pretrain._pretrain_key(demo.EXPERIMENT, asked)
         assert key['products_dtype'] == ('bfloat16' if native else 'float32')
 
 
 def test_sentiment_mini_task_is_the_books_task_but_dataset_and_model():
     books = dict((k, v) for k, v, _ in top_launch.books_task[0])
     mini = dict((k, v) for k, v, _ in sentiment_mini_bindings.task(top_launch.books_task)[0])
-    assert {k for k in books if books[k] != mini[k]} == {'query_dataset', 'policy.initial_model'}
+    assert {k for k in books.keys() | mini.keys() if books.get(k) != mini.get(k)} == {
+        'query_dataset', 'policy.initial_model', 'query_length', 'response_length', 'truncate_after',
+        'penalty_reward_value'}
     assert mini['query_dataset'] == mini['policy.initial_model'] == 'sentiment_mini'
     assert (mini['query_length'], mini['response_length'], mini['truncate_token'], mini['truncate_after'],
-            mini['policy.temperature']) == (64, 24, 13, 16, 0.7)
+            mini['penalty_reward_value'], mini['policy.temperature']) == (24, 16, 13, 8, 0, 0.7)
     with pytest.raises(AssertionError, match=r"not bound in the experiment: \['nope'\]"):
         sentiment_mini_bindings._rebind(top_launch.books_task, {'nope': 1})
 
@@ -233,8 +260,9 @@ def test_a_stopped_pretraining_resumes_to_the_same_model(tmp_path, monkeypatch, 
     model an uninterrupted pretraining makes; the saved state goes once the model is made."""
     exp = dataclasses.replace(demo.EXPERIMENT, pretrain=dataclasses.replace(
         demo.EXPERIMENT.pretrain, n_embd=16, n_head=2, n_layer=1, n_ctx=16, steps=6, batch_size=2))
-    key = pretrain._pretrain_key(exp)
-    whole = pretrain.pretrain(exp, str(tmp_path / 'whole'), key)
+    hparams = pretrain.pretrain_hparams(exp, None)
+    key = pretrain._pretrain_key(exp, hparams)
+    whole = pretrain.pretrain(exp, str(tmp_path / 'whole'), key, hparams)
 
     step = pretrain._pretraining_step
     def stopped_at_4(*args):
@@ -245,12 +273,12 @@ def test_a_stopped_pretraining_resumes_to_the_same_model(tmp_path, monkeypatch, 
     monkeypatch.setattr(pretrain, '_pretraining_step', stopped_at_4)
     out = str(tmp_path / 'resumed')
     with pytest.raises(KeyboardInterrupt):
-        pretrain.pretrain(exp, out, key)
+        pretrain.pretrain(exp, out, key, hparams)
     assert 'demo: pretraining stopped at step 4/6, saved; rerunning the same command resumes there' in \
         capsys.readouterr().err
     assert not os.path.exists(out) and os.path.isdir(out + '.partial')
     monkeypatch.setattr(pretrain, '_pretraining_step', step)
-    pretrain.pretrain(exp, out, key)
+    pretrain.pretrain(exp, out, key, hparams)
     assert 'resuming the pretraining at step 4/6' in capsys.readouterr().out
     a, b = checkpoints.load_checkpoint(whole), checkpoints.load_checkpoint(out)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -258,9 +286,9 @@ def test_a_stopped_pretraining_resumes_to_the_same_model(tmp_path, monkeypatch, 
     # A state made for other hparams (another key) is not resumed from.
     monkeypatch.setattr(pretrain, '_pretraining_step', stopped_at_4)
     with pytest.raises(KeyboardInterrupt):
-        pretrain.pretrain(exp, str(tmp_path / 'other'), key)
+        pretrain.pretrain(exp, str(tmp_path / 'other'), key, hparams)
     monkeypatch.setattr(pretrain, '_pretraining_step', step)
-    pretrain.pretrain(exp, str(tmp_path / 'other'), dict(key, corpus_sha1='another'))
+    pretrain.pretrain(exp, str(tmp_path / 'other'), dict(key, corpus_sha1='another'), hparams)
     assert 'resuming' not in capsys.readouterr().out
 
 

@@ -212,13 +212,13 @@ def test_cuda_graph_decoding_draws_the_tokens_of_the_eager_loop(demo_shaped_poli
     queries = torch.randint(0, 27, (6, 12), device='cuda')
     queries[1, 5:] = pad
     uniforms = torch.rand(6, 30, dtype=torch.float64, device='cuda')
-    ops = {}
+    ops, outs = {}, {}
     for cuda_graph in (False, True):
         with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16, enabled=bf16), CountOps() as counted:
             out = policy.respond(queries, length=30, uniforms=uniforms,
                                  execution=Execution(queries.device, bf16=bf16, cuda_graph=cuda_graph, microbatch_size=4))
-        ops[cuda_graph] = counted.n
-        eager, graphed = (out, None) if not cuda_graph else (eager, out)
+        ops[cuda_graph], outs[cuda_graph] = counted.n, out
+    eager, graphed = outs[False], outs[True]
     assert ops[True] < ops[False] / 3, ops  # 2 warm-up steps and the captured one of 29, in each of 2 loops
     assert torch.equal(eager['responses'], graphed['responses'])
     # The capture runs on a stream of its own, whose cuBLAS workspace may pick other kernels than the eager

@@ -32,7 +32,7 @@ from lm_human_preferences import train_reward as train_reward_module
 from lm_human_preferences.language import encodings, trained_models
 from lm_human_preferences.offline.report import (best_of_n_rows, finish, policy_report, reward_report, sample_scores,
                                                   score_report)
-from lm_human_preferences.offline.labels import labeler_ceiling, make_labels
+from lm_human_preferences.offline.labels import bag_of_words_accuracy, labeler_ceiling, make_labels
 from lm_human_preferences.offline.pretrain import PretrainHParams, ensure_pretrained
 from lm_human_preferences.utils import core as utils
 
@@ -91,23 +91,25 @@ def check_initial_models(exp: OfflineExperiment, *tasks):
                              f'{exp.name} experiment runs on the {exp.encoding.name!r} encoding{exp.encoding_note}')
 
 
-def resolve_initial_model(exp: OfflineExperiment, *tasks):
-    """task.policy.initial_model <name> names the experiment's pretrained model, made once
-    (ensure_pretrained): the trainers get its directory. All the tasks of a run at once, so that it is
+def resolve_initial_model(exp: OfflineExperiment, *tasks, run_seed):
+    """task.policy.initial_model <name> names the experiment's pretrained model (for run.seed run_seed: its seed
+    when the experiment's pretraining follows the run's), made once (ensure_pretrained): the trainers get its
+    directory. All the tasks of a run at once, so that it is
     checked (and reported) once. Collective."""
     named = [task for task in tasks if task.policy.initial_model == exp.name]
     if named:
-        model = ensure_pretrained(exp)
+        model = ensure_pretrained(exp, run_seed)
         for task in named:
             task.policy.initial_model = model
 
 
 def prepare_reward_training(exp: OfflineExperiment, hparams: train_reward_module.HParams, save_dir):
     """For labels.source <name>, make the labels (<save_dir>/<name>_labels.json; a resumed run reuses
-    them) and point labels.source at them. Collective. Returns the held-out accuracy a perfect learner of
-    the labeler would reach (rank 0; None when the labels are not ours)."""
+    them) and point labels.source at them. Collective. Returns the reward model's references on the held-out
+    labels (rank 0; {} when the labels are not ours): `ceiling`, the accuracy a perfect learner of the labeler
+    would reach, and `bag_of_words`, a bag-of-words model's trained on the same labels."""
     if hparams.labels.source != exp.name:
-        return None
+        return {}
     if not save_dir:
         raise ValueError(f"labels.source '{exp.name}' writes the labels into run.save_dir, which is not set")
     path = os.path.join(save_dir, f'{exp.name}_labels.json')
@@ -119,7 +121,7 @@ def prepare_reward_training(exp: OfflineExperiment, hparams: train_reward_module
     else:
         made = 'reused: this save dir already had them'
     hparams.labels.source = path
-    error = ceiling = None
+    error, references = None, {}
     if utils.is_root():
         with open(path) as f:
             records = json.load(f)
@@ -132,21 +134,25 @@ def prepare_reward_training(exp: OfflineExperiment, hparams: train_reward_module
                   f"({hparams.labels.num_train} to train on, {exp.held_out_labels} held out; {made})")
             if exp.held_out_labels:
                 encoder = trained_models.TrainedModel(hparams.task.policy.initial_model).encoding.get_encoder()
-                ceiling = labeler_ceiling(exp.labeler, records[hparams.labels.num_train:], encoder)
+                train, held_out = records[:hparams.labels.num_train], records[hparams.labels.num_train:]
+                references = dict(ceiling=labeler_ceiling(exp.labeler, held_out, encoder),
+                                  bag_of_words=bag_of_words_accuracy(train, held_out,
+                                                                     padding_token=encoder.padding_token))
     error = utils.mpi_bcast(error)  # every rank stops, not only rank 0
     if error is not None:
         raise ValueError(error)
-    return ceiling
+    return references
 
 
 @contextlib.contextmanager
 def cpu_threads(exp: OfflineExperiment):
-    """exp.cpu_threads intra-op threads while the experiment runs on a CPU (restored after)."""
+    """exp.cpu_threads intra-op threads while the experiment runs on a CPU (restored after); $LMHP_CPU_THREADS
+    instead when set (e.g. 1 on cores shared with other work)."""
     if utils.get_device().type != 'cpu':
         yield
         return
     saved = torch.get_num_threads()
-    torch.set_num_threads(exp.cpu_threads)
+    torch.set_num_threads(int(os.environ.get('LMHP_CPU_THREADS', exp.cpu_threads)))
     try:
         yield
     finally:
@@ -215,13 +221,13 @@ def _train_reward(exp, hparams):
     _check_labeler(exp)
     check_initial_models(exp, hparams.task)
     with phases('initial model'):
-        resolve_initial_model(exp, hparams.task)
+        resolve_initial_model(exp, hparams.task, run_seed=hparams.run.seed)
     with phases('labels'):
-        ceiling = prepare_reward_training(exp, hparams, save_dir)
+        references = prepare_reward_training(exp, hparams, save_dir)
     with phases('train_reward'):
         train_reward_module.train(hparams)
     num_responses = label_types.get(hparams.labels.type).num_responses
-    report = dict(**reward_report(save_dir, ceiling=ceiling, num_responses=num_responses),
+    report = dict(seed=hparams.run.seed, **reward_report(save_dir, references=references, num_responses=num_responses),
                   phase_times_s=phases.seconds(), wall_time_s=time.time() - phases.started)
     return finish(exp, report, save_dir)
 
@@ -241,12 +247,13 @@ def _train_policy(exp, hparams):
     _check_labeler(exp)
     reward_hparams = hparams.rewards.train_new_model
     check_initial_models(exp, hparams.task, *([reward_hparams.task] if reward_hparams is not None else []))
-    ceiling = None
+    references = {}
     with phases('initial model'):
-        resolve_initial_model(exp, hparams.task, *([reward_hparams.task] if reward_hparams is not None else []))
+        resolve_initial_model(exp, hparams.task, *([reward_hparams.task] if reward_hparams is not None else []),
+                              run_seed=hparams.run.seed)
     if reward_hparams is not None:
         with phases('labels'):
-            ceiling = prepare_reward_training(exp, reward_hparams, save_dir)
+            references = prepare_reward_training(exp, reward_hparams, save_dir)
 
     with phases('training'):
         train_policy_module.train(hparams)
@@ -258,11 +265,12 @@ def _train_policy(exp, hparams):
     with phases('report samples'):
         before, before_examples = sample_scores(exp, hparams.task.policy.initial_model, hparams.task, seed=seed)
         after, after_examples = sample_scores(exp, os.path.join(save_dir, 'policy'), hparams.task, seed=seed)
-    report = dict(labeler=exp.labeler.description, **score_report(exp.labeler, before, after),
+    report = dict(labeler=exp.labeler.description, seed=hparams.run.seed, **score_report(exp.labeler, before, after),
                   **policy_report(save_dir, hparams))
     if reward_hparams is not None:
+        report['reward_seed'] = reward_hparams.run.seed
         num_responses = label_types.get(reward_hparams.labels.type).num_responses
-        report.update(reward_report(save_dir, ceiling=ceiling, num_responses=num_responses))
+        report.update(reward_report(save_dir, references=references, num_responses=num_responses))
     report.update(examples=dict(initial=before_examples, trained=after_examples),
                   phase_times_s=phases.seconds(), wall_time_s=time.time() - phases.started)
     return finish(exp, report, save_dir)

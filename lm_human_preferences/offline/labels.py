@@ -93,3 +93,33 @@ def labeler_ceiling(labeler, records, encoder):
         scores = np.array([labeler.score(encoder.decode(record[k])) for k in sample_keys])
         inverse_ties.append(1 / np.sum(scores == scores.max()))
     return float(np.mean(inverse_ties))
+
+
+def bag_of_words_accuracy(train, held_out, *, padding_token, l2=3e-4, max_iter=300):
+    """A baseline for the reward model: the held-out accuracy of a bag-of-words model trained on the same
+    best_of_N records (train, held_out: lists of records). A weight per token; a response's score is the sum of
+    its tokens' weights (the padding token's none), fitted by the label type's loss (softmax cross-entropy over
+    the N responses) plus l2 * |w|^2, by L-BFGS from 0. The responses only, as the labeler reads them; a k-way
+    tie for the highest score counts 1/k, as train_reward's accuracy."""
+    sample_keys = sorted(k for k in train[0] if k.startswith('sample'))
+
+    def tensors(records):
+        samples = torch.tensor([[r[k] for k in sample_keys] for r in records])  # [n, N, length]
+        return samples, samples != padding_token, torch.tensor([r['best'] for r in records])
+    (samples, real, best), (test_samples, test_real, test_best) = tensors(train), tensors(held_out)
+    weights = torch.zeros(max(int(samples.max()), int(test_samples.max()), padding_token) + 1, requires_grad=True)
+
+    def scores(samples, real):
+        return (weights[samples] * real).sum(dim=-1)  # [n, N]
+    optimizer = torch.optim.LBFGS([weights], max_iter=max_iter, line_search_fn='strong_wolfe')
+
+    def closure():
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(scores(samples, real), best) + l2 * weights.square().sum()
+        loss.backward()
+        return loss
+    optimizer.step(closure)
+    with torch.no_grad():
+        logits = scores(test_samples, test_real)
+        is_max = logits == logits.max(dim=1, keepdim=True).values
+        return float((is_max.gather(1, test_best[:, None])[:, 0] / is_max.sum(dim=1)).mean())

@@ -7,7 +7,8 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import Optional
 
 import torch
 from safetensors import SafetensorError
@@ -31,21 +32,34 @@ class PretrainHParams:
     steps: int = 400
     batch_size: int = 32
     lr: float = 3e-3  # decayed linearly to 0
-    seed: int = 0
+    # The initialisation's and the windows' seed; None: the run's (run.seed), so that one seed draws the whole
+    # pipeline, the initial model included (each seed's model cached beside the others: model_dir).
+    seed: Optional[int] = 0
     # The products with the output embedding in bf16 where the CPU multiplies bf16 natively (see
     # pretraining_products_dtype): for a large vocabulary, where they are most of a step's time.
     bf16_products: bool = False
 
 
-def model_dir(exp):
+def pretrain_hparams(exp, run_seed):
+    """exp.pretrain with its seed resolved: the run's (run.seed; None is 0) when exp.pretrain.seed is None."""
+    if exp.pretrain.seed is not None:
+        return exp.pretrain
+    return replace(exp.pretrain, seed=run_seed or 0)
+
+
+def model_dir(exp, run_seed=None):
+    """saved_models_dir()/<name>; <name>-seed<S> when the pretraining follows the run's seed S."""
+    if exp.pretrain.seed is None:
+        return trained_models.offline_model_dir(f'{exp.name}-seed{pretrain_hparams(exp, run_seed).seed}')
     return trained_models.offline_model_dir(exp.name)
 
 
-def _pretrain_key(exp):
-    """What the cached model was made from: a different key means it must be made again."""
-    return dict(pretrain=asdict(exp.pretrain), encoding=exp.encoding.name,
+def _pretrain_key(exp, hparams: PretrainHParams):
+    """What the cached model was made from (hparams: pretrain_hparams): a different key means it must be made
+    again."""
+    return dict(pretrain=asdict(hparams), encoding=exp.encoding.name,
                 corpus_sha1=hashlib.sha1(exp.corpus().encode()).hexdigest(),
-                products_dtype=str(pretraining_products_dtype(exp.pretrain)).removeprefix('torch.'))
+                products_dtype=str(pretraining_products_dtype(hparams)).removeprefix('torch.'))
 
 
 def pretraining_products_dtype(hparams: PretrainHParams):
@@ -109,15 +123,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
 SAVE_EVERY_S = 60
 
 
-def pretrain(exp, out_dir, key):
-    """Train the experiment's initial model on its corpus and save it to out_dir (our checkpoint format),
-    with key (_pretrain_key: what it was made from) in pretrain.json.
+def pretrain(exp, out_dir, key, hparams: PretrainHParams):
+    """Train the experiment's initial model on its corpus (hparams: pretrain_hparams) and save it to out_dir (our
+    checkpoint format), with key (_pretrain_key: what it was made from) in pretrain.json.
 
     Written to a temporary dir that is then renamed into place, so a crash never leaves a half model. Its state
     (the model, Adam, the windows' generator, the step) goes to <out_dir>.partial at least every SAVE_EVERY_S
     seconds and on a stop signal; a rerun with the same key resumes from it, to the same model.
     """
-    hparams = exp.pretrain
     tokens = torch.tensor(exp.encoding.get_encoder().encode(exp.corpus()), dtype=torch.long)
     model_hparams = model.HParams(n_vocab=exp.encoding.n_vocab, n_ctx=hparams.n_ctx, n_embd=hparams.n_embd,
                                   n_head=hparams.n_head, n_layer=hparams.n_layer)
@@ -220,10 +233,11 @@ class PartialState:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def ensure_pretrained(exp):
-    """Make saved_models_dir()/<name> unless it holds a model made from the experiment's pretraining
-    hparams, encoding and corpus; collective (rank 0 trains, the others wait). Returns the dir."""
-    out_dir = model_dir(exp)
+def ensure_pretrained(exp, run_seed=None):
+    """Make model_dir(exp, run_seed) unless it holds a model made from the experiment's pretraining hparams (its
+    seed resolved: pretrain_hparams), encoding and corpus; collective (rank 0 trains, the others wait). Returns
+    the dir."""
+    out_dir = model_dir(exp, run_seed)
     if not utils.is_root():
         error = utils.mpi_bcast(None)
         if error is not None:
@@ -235,15 +249,16 @@ def ensure_pretrained(exp):
         with open(key_path) as f:
             cached = json.load(f)
     try:
-        key = _pretrain_key(exp)
+        p = pretrain_hparams(exp, run_seed)
+        key = _pretrain_key(exp, p)
         if cached == key and checkpoints.latest_checkpoint(out_dir) is not None:
             print(f'{exp.name}: using the pretrained initial model in {out_dir}')
         else:
-            p = exp.pretrain
+            seed = f'; seed {p.seed}' if exp.pretrain.seed is None else ''
             print(f'{exp.name}: pretraining the initial model into {out_dir} ({p.n_layer} layers, width '
                   f'{p.n_embd}, {exp.encoding.n_vocab:,}-token vocabulary, {p.steps} steps of {p.batch_size} '
-                  f'x {p.n_ctx} tokens; {key["products_dtype"]} products with the output embedding)', flush=True)
-            pretrain(exp, out_dir, key)
+                  f'x {p.n_ctx} tokens; {key["products_dtype"]} products with the output embedding{seed})', flush=True)
+            pretrain(exp, out_dir, key, p)
     except Exception as e:
         utils.mpi_bcast(f'{type(e).__name__}: {e}')  # the other ranks must not wait for a model that never comes
         raise

@@ -105,16 +105,17 @@ def score_report(labeler, before, after):
                 **{f'{labeler.name}_gain_initial_stds': gain, f'{labeler.name}_gain_initial_stds_se': gain_se})
 
 
-def reward_report(save_dir, *, ceiling, num_responses):
+def reward_report(save_dir, *, references, num_responses):
     """The reward model part of the report, from <save_dir>/train_reward_stats.jsonl ({} before any eval):
-    its accuracy on the held-out labels, on its training labels (eval_train_labels) when measured."""
+    its accuracy on the held-out labels, on its training labels (eval_train_labels) when measured, and the
+    references of experiment.prepare_reward_training (a perfect learner of the labeler, a bag-of-words model)."""
     rows = read_stats(os.path.join(save_dir, 'train_reward_stats.jsonl'))
     evals = [r for r in rows if 'eval/accuracy' in r]
     if not evals:
         return {}
     train_evals = [r for r in rows if 'eval_train/accuracy' in r]
     return dict(rm_heldout_accuracy=evals[-1]['eval/accuracy'], rm_chance_accuracy=1 / num_responses,
-                rm_ceiling_accuracy=ceiling,
+                rm_ceiling_accuracy=references.get('ceiling'), rm_bag_of_words_accuracy=references.get('bag_of_words'),
                 rm_train_accuracy=train_evals[-1]['eval_train/accuracy'] if train_evals else None)
 
 
@@ -137,6 +138,11 @@ def policy_report(save_dir, hparams):
 def format_report(exp, report):
     labeler = exp.labeler
     lines = ['=' * 78, f'{exp.name.upper()} REPORT', '=' * 78, f'labeler: {labeler.description}']
+    if 'seed' in report:
+        reward_seed = report.get('reward_seed')
+        other = reward_seed not in (None, report['seed'])
+        lines.append(f"seed (run.seed): {report['seed']}"
+                     + (f" (the reward model's and its labels': {reward_seed})" if other else ''))
     key = labeler.name
     if f'{key}_initial_mean' in report:
         lines.append(f"{labeler.score_name} of {report['eval_queries']} samples on test queries: "
@@ -152,10 +158,12 @@ def format_report(exp, report):
     if 'rm_heldout_accuracy' in report:
         ceiling = report.get('rm_ceiling_accuracy')
         ceiling = f', a perfect learner of {labeler.title}: {100 * ceiling:.1f}%' if ceiling else ''
+        bow = report.get('rm_bag_of_words_accuracy')
+        bow = f', a bag-of-words model trained on the same labels: {100 * bow:.1f}%' if bow is not None else ''
         train = report.get('rm_train_accuracy')
         train = f'; on its training labels: {100 * train:.1f}%' if train is not None else ''
         lines.append(f"reward model held-out accuracy: {100 * report['rm_heldout_accuracy']:.1f}% "
-                     f"(chance {100 * report['rm_chance_accuracy']:.0f}%{ceiling}){train}")
+                     f"(chance {100 * report['rm_chance_accuracy']:.0f}%{bow}{ceiling}){train}")
     for name, examples in report.get('examples', {}).items():
         lines.append(f'samples of the {name} policy (query | response):')
         lines.extend(f'  {q} | {r}' for q, r in examples)
@@ -185,7 +193,8 @@ def report_file(exp, save_dir):
 def plot_report(exp, save_dir, out=None, *, title=None):
     """The experiment's figure of a save dir holding its report: every learning curve, the labeler's score
     of samples before and after PPO, and on the reward model's accuracy the best a perfect learner of the
-    labeler can reach; at out (default <save_dir>/<name>_curves.png, which the README shows from static/).
+    labeler can reach and a bag-of-words model's; at out (default <save_dir>/<name>_curves.png, which the README
+    shows from static/).
     `python sample.py plot` draws it again. Returns its path, or None when save_dir holds no report."""
     path = report_file(exp, save_dir)
     if not os.path.isfile(path):
@@ -193,9 +202,10 @@ def plot_report(exp, save_dir, out=None, *, title=None):
     with open(path) as f:
         report = json.load(f)
     extra = [score_panel(exp, report)] if f'{exp.labeler.name}_initial_mean' in report else []
-    ceiling = report.get('rm_ceiling_accuracy')
-    references = dict(accuracy=[(ceiling, f'a perfect learner of {exp.labeler.title} {100 * ceiling:.1f}%',
-                                 'C1', ':')]) if ceiling else None
+    ceiling, bow = report.get('rm_ceiling_accuracy'), report.get('rm_bag_of_words_accuracy')
+    lines = ([(ceiling, f'a perfect learner of {exp.labeler.title} {100 * ceiling:.1f}%', 'C1', ':')] if ceiling else []
+             ) + ([(bow, f'bag of words, same labels {100 * bow:.1f}%', 'C2', '-.')] if bow is not None else [])
+    references = dict(accuracy=lines) if lines else None
     command = 'train_policy' if 'kl' in report else 'train_reward'
     return plots.plot_combined(
         save_dir, out or os.path.join(save_dir, f'{exp.name}_curves.png'), extra_panels=extra, references=references,

@@ -2,7 +2,7 @@
 lm_human_preferences/sentiment_mini/): the real GPT-2 BPE, the books task's query pipeline on the shipped
 books, a pretrained initial model, VADER's labels in the original's format read back by train_reward,
 both trainers and the report. Sizes are cut to about a minute, too small to learn: that the full run
-learns is measured in the README. Unit tests of its parts: tests/test_offline.py."""
+learns is measured in docs/sentiment_mini.md. Unit tests of its parts: tests/test_offline.py."""
 import dataclasses
 import importlib.util
 import json
@@ -30,7 +30,8 @@ sample_cli = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sample_cli)
 
 REPORT_KEYS = {'vader_initial_mean', 'vader_initial_std', 'vader_trained_mean', 'vader_trained_std', 'kl', 'kl_target',
-               'rm_heldout_accuracy', 'rm_ceiling_accuracy', 'wall_time_s'}
+               'rm_heldout_accuracy', 'rm_ceiling_accuracy', 'rm_bag_of_words_accuracy', 'seed', 'reward_seed',
+               'wall_time_s'}
 
 
 @pytest.fixture
@@ -65,7 +66,7 @@ def test_short_sentiment_mini(tmp_path, short_mini, capsys):
     records = json.loads((save_dir / 'sentiment_mini_labels.json').read_text())
     assert len(records) == 64 + 32
     label_type = label_types.get('best_of_4')
-    schemas = {**label_type.question_schemas(query_length=64, response_length=24), **label_type.label_schemas()}
+    schemas = {**label_type.question_schemas(query_length=24, response_length=16), **label_type.label_schemas()}
     label_types.validate_labels(records, schemas, n_vocab=50257, padding_token=50259, source='sentiment_mini labels')
     encoder = encodings.Main.get_encoder()
     for r in records:
@@ -73,7 +74,7 @@ def test_short_sentiment_mini(tmp_path, short_mini, capsys):
         assert scores[r['best']] == max(scores)
     hparams = json.loads((save_dir / 'train_reward_hparams.json').read_text())
     assert hparams['labels']['source'] == str(save_dir / 'sentiment_mini_labels.json')
-    assert hparams['task']['query_dataset'] == 'sentiment_mini' and hparams['task']['query_length'] == 64
+    assert hparams['task']['query_dataset'] == 'sentiment_mini' and hparams['task']['query_length'] == 24
     assert 'eval on 32 labels: eval/loss' in out
 
     # Both trainers ran (normalization before and after, 2 PPO batches), and the report has its keys.
@@ -98,7 +99,7 @@ def test_short_sentiment_mini(tmp_path, short_mini, capsys):
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     blocks = proc.stdout.split('=' * 80 + '\n')[1:]
-    assert len(blocks) == 4 and len(blocks[0].splitlines()[0]) > 40  # a query of up to 64 BPE tokens
+    assert len(blocks) == 4 and len(blocks[0].splitlines()[0]) > 40  # a query of up to 24 BPE tokens
 
     # best_of_n on the run: the labeler's score of the best of k initial-policy samples, picked by the run's
     # reward model and by VADER itself (never below the reward model's pick; the same sample when k = 1).

@@ -91,6 +91,19 @@ def sample_policy(save_dir=None, savescope='policy', temperature=1.0, seed=None,
         generated += batch_size
 
 
+def _runs_inside(save_dir):
+    """' it holds the runs A, B: --save_dir <save_dir>/A' when save_dir is a folder of train_policy save dirs
+    (as launch.py's --save_dir), else ''."""
+    if not os.path.isdir(save_dir):
+        return ''
+    runs = sorted(d for d in os.listdir(save_dir)
+                  if os.path.isfile(os.path.join(save_dir, d, 'train_policy_hparams.json')))
+    if not runs:
+        return ''
+    shown = ', '.join(runs[:10]) + (f' and {len(runs) - 10} more' if len(runs) > 10 else '')
+    return f'; it holds the runs {shown}: --save_dir {os.path.join(save_dir, runs[0])}'
+
+
 def _check_save_dir(save_dir, savescope):
     """One-line errors (launch.ConfigError) for a save dir we cannot sample from."""
     if save_dir is None:
@@ -99,7 +112,8 @@ def _check_save_dir(save_dir, savescope):
         raise launch.ConfigError(f'save dir {save_dir} does not exist')
     hparams_path = os.path.join(save_dir, 'train_policy_hparams.json')
     if not os.path.isfile(hparams_path):
-        raise launch.ConfigError(f'{hparams_path} does not exist (is {save_dir} a train_policy save dir?)')
+        raise launch.ConfigError(f'{hparams_path} does not exist (is {save_dir} a train_policy save dir?)'
+                                 + _runs_inside(save_dir))
     policy_dir = os.path.join(save_dir, 'policy')
     if not os.path.isdir(policy_dir):
         raise launch.ConfigError(f'{policy_dir} does not exist (no policy was saved in {save_dir})')
@@ -150,7 +164,8 @@ def launch_export(save_dir=None, out=None, savescope='policy', force=False):
         raise launch.ConfigError(f"--savescope {savescope}: export takes 'policy' or 'reward_model'")
     model_dir = os.path.join(save_dir, savescope)
     if not os.path.isdir(model_dir):
-        raise launch.ConfigError(f'{model_dir} does not exist (no {savescope} was saved in {save_dir})')
+        raise launch.ConfigError(f'{model_dir} does not exist (no {savescope} was saved in {save_dir})'
+                                 + _runs_inside(save_dir))
     task = None  # a policy's sampling settings, for the export's generation_config.json
     hparams_path = os.path.join(save_dir, 'train_policy_hparams.json')
     if savescope == 'policy' and os.path.isfile(hparams_path):
@@ -195,7 +210,7 @@ def launch_best_of_n(save_dir=None, n=32, queries=256, seed=0):
     in the run's report."""
     if save_dir is None or not os.path.isfile(os.path.join(save_dir, 'train_policy_hparams.json')):
         raise launch.ConfigError(f'best_of_n needs --save_dir DIR, a train_policy save dir; {save_dir} has no '
-                                 f'train_policy_hparams.json')
+                                 f'train_policy_hparams.json' + (_runs_inside(save_dir) if save_dir else ''))
     for name, value in (('n', n), ('queries', queries)):
         if not isinstance(value, int) or value < 1:
             raise launch.ConfigError(f'best_of_n: --{name} is {value!r}; it must be a whole number at least 1')

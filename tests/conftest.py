@@ -30,7 +30,8 @@ def gpt2_124m_dir() -> Path:
     missing = [f for f in ('hparams.json', 'model.ckpt.index') if not (d / f).is_file()]
     if missing:
         pytest.skip(f"needs OpenAI's public GPT-2 124M files {', '.join(missing)} in {d}: download them from "
-                    f"{GPT2_124M_URL}/<file> (a few KB; the weights are not needed)")
+                    f"{GPT2_124M_URL}/<file> (a few KB; the weights are not needed), or point "
+                    f"$LMHP_TEST_SHARED_DIR at a folder whose gpt2-124M/ holds them")
     return d
 
 

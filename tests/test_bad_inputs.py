@@ -174,7 +174,7 @@ def cases(tmp):
         'other_hparams_in_save_dir': ('reward', None, 'train_reward', lambda root: reward_args(root, '--lr', '0.001'),
                                       'holds another run: its train_reward_hparams.json has lr=5e-05, this run has '
                                       'lr=0.001. To resume that run, rerun its command with the same hyperparameters; '
-                                      'to start a new run, choose another --save_dir'),
+                                      'to start a new run, give it another NAME (or --save_dir)'),
         'missing_reward_model_dir': ('policy', remove_reward_model, 'train_policy', policy_args,
                                      'error: model directory {root}/run/rm does not exist'),
         'hparams_json_disagrees_with_weights': ('policy', reward_model_hparams_disagree, 'train_policy', policy_args,

@@ -222,25 +222,25 @@ def test_auto_tokenizer_and_generate_reproduce_our_samples(encoding_name, tmp_pa
             for q in QUERIES[encoding_name]]
     batch = tokenizer(QUERIES[encoding_name], return_tensors='pt', padding=True)
     assert len(set(map(len, batch['input_ids'].tolist()))) == 1 and (batch['attention_mask'] == 0).any()
-    input_ids = batch.input_ids.masked_fill(batch.attention_mask == 0, 0)  # the usage's line for `test`
-    with torch.no_grad():
-        out = hf.generate(input_ids=input_ids, attention_mask=batch.attention_mask, max_new_tokens=12,
-                          min_new_tokens=12, do_sample=False, top_k=None, top_p=None)
+    with torch.no_grad():  # as the printed usage: generate(**batch), the pads in the model's vocabulary
+        out = hf.generate(**batch, max_new_tokens=12, min_new_tokens=12, do_sample=False, top_k=None, top_p=None)
     assert tokenizer.batch_decode(out[:, batch.input_ids.shape[1]:]) == ours
 
 
 @pytest.mark.parametrize('encoding_name', ['test', 'main'])
 def test_padding_never_masks_a_character_of_the_prompt(encoding_name, tmp_path):
-    """The pad token is no character of a prompt: `.` as the test model's pad made generate mask every `.`."""
+    """generate never takes a character of a prompt for padding (`.` as the test model's pad once made it mask
+    every `.`: the configs now name no pad token for it), and the pad token is one the model embeds (a TRL
+    user's generate(**tokenizer(texts, padding=True)) once hit an IndexError on the <pad> = 27 outside it)."""
     encoding = encodings.get(encoding_name)
     hf_export.export(str(_random_model_dir(tmp_path / 'policy', encoding)), str(tmp_path / 'hf'))
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / 'hf'))
     hf = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / 'hf')).eval()
     assert tokenizer.padding_side == 'left'
     text = 'the.river.is.a.'
-    assert tokenizer.pad_token_id not in tokenizer(text)['input_ids']
+    assert tokenizer.pad_token_id < hf.config.vocab_size  # embedded by the model
     if encoding_name == 'test':
-        assert tokenizer.pad_token == '<pad>' and tokenizer.pad_token_id == 27  # outside the model's 27 tokens
+        assert tokenizer.pad_token == '.' and hf.generation_config.pad_token_id is None
     else:  # GPT-2's convention: pad = eos, which generate never takes for padding
         assert tokenizer.pad_token_id == tokenizer.eos_token_id == hf.generation_config.pad_token_id == 50256
     ids = tokenizer(text, return_tensors='pt').input_ids
@@ -279,3 +279,15 @@ def test_generation_config_samples_as_our_policy(n_ctx, response_length, tmp_pat
     exec('\n'.join(line[2:] for line in usage), namespace)  # prints the samples
     samples = capsys.readouterr().out
     assert samples.startswith("['") and len(eval(samples)) == 2 and all(len(s) == response_length for s in eval(samples))
+
+
+def test_hf_tokenizer_made_offline_is_the_exports():
+    """hf_export.hf_tokenizer(): GPT-2's tokenizer from the BPE files the package ships, no download (what the
+    README shows a TRL user): our encoder's ids, <|endoftext|> as eos and pad, left padding with a mask."""
+    tokenizer = hf_export.hf_tokenizer()
+    encoder = encodings.Main.get_encoder()
+    for text in QUERIES['main'] + ['Any TEXT, 123 \u00e9!']:
+        assert tokenizer(text)['input_ids'] == encoder.encode(text)
+    assert tokenizer.eos_token_id == tokenizer.pad_token_id == 50256 and tokenizer.padding_side == 'left'
+    batch = tokenizer(['a b', 'hello there friend'], padding=True)
+    assert batch['input_ids'][0][0] == 50256 and batch['attention_mask'][0] == [0, 1, 1]

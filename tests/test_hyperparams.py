@@ -241,7 +241,9 @@ def test_validate_names_missing_key():
 
 def test_off_group_cannot_take_fields():
     hp = Top()
-    with pytest.raises(AttributeError, match=r"'group.adaptive_kl.target'.*'group.adaptive_kl' is off"):
+    # The fix in the command line's syntax, as the README teaches it.
+    with pytest.raises(AttributeError, match=r"'group.adaptive_kl.target'.*'group.adaptive_kl' is off \(None\); "
+                                             r"turn it on first: --group.adaptive_kl on$"):
         hp.override_from_str_dict({'group.adaptive_kl.target': '1.0'})
 
 

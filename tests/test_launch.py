@@ -196,6 +196,8 @@ def test_help_says_what_an_unset_option_means(capsys, monkeypatch):
     assert out['export'].startswith('usage: sample.py export --save_dir SAVE_DIR --out OUT [--savescope SAVESCOPE]')
     assert "\n  --mpi (the experiment's: 1 for test, demo, sentiment_mini, 8 for the paper's)\n" in out['train_policy']
     assert '\n  --procs (one per GPU, at most --mpi and a divisor of it; 1 on a CPU;' in out['train_reward']
+    # A switch reads as one, not as an option taking False.
+    assert '\n  --dry_run (a switch: on when given)\n' in out['train_policy'] and 'False' not in out['train_policy']
 
 
 # ---- the real experiments ----

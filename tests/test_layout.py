@@ -53,6 +53,7 @@ def test_a_clone_without_shared_files_runs_every_test_but_one_that_says_how_to_g
     assert len(skips) == 1 and '9 passed, 1 skipped' in out, out[-3000:]
     assert (f"needs OpenAI's public GPT-2 124M files hparams.json, model.ckpt.index in {tmp_path / 'no-shared' / 'gpt2-124M'}: "
             f"download them from https://openaipublic.blob.core.windows.net/gpt-2/models/124M/<file>") in skips[0]
+    assert 'or point $LMHP_TEST_SHARED_DIR at a folder whose gpt2-124M/ holds them' in skips[0]
 
 
 def test_license_names_every_bundled_notice():

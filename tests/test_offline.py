@@ -159,7 +159,8 @@ def test_vader_labels_in_the_original_format_read_back_by_train_reward(tmp_path)
     # A rerun in the same save dir reuses them; one needing another number of labels is refused.
     hparams.labels.source = 'sentiment_mini'
     hparams.labels.num_train = 20
-    with pytest.raises(ValueError, match=f'{path} holds 8 label records, this run needs 22 .*choose another --save_dir'):
+    with pytest.raises(ValueError, match=rf'{path} holds 8 label records, this run needs 22 .*give this run another '
+                                         r'NAME \(or --save_dir\)'):
         experiment.prepare_reward_training(exp, hparams, str(tmp_path))
 
 

@@ -65,6 +65,7 @@ def test_a_save_dir_in_use_is_refused_and_a_dead_holder_taken_over(tmp_path):
         holder.wait()
     train_policy.train(policy_hparams(save_dir))  # the kernel released the dead holder's lock
     assert (save_dir / 'policy' / 'checkpoints' / 'model-6.safetensors').exists()
+    assert not (save_dir / '.lock').exists()  # a finished run leaves no lock file
 
 
 def test_lock_is_reentrant_in_one_process(tmp_path):
@@ -72,7 +73,24 @@ def test_lock_is_reentrant_in_one_process(tmp_path):
     with run._locked(str(tmp_path)), run._locked(str(tmp_path)):
         pass
     with run._locked(str(tmp_path)):  # released: taken again
-        pass
+        assert (tmp_path / '.lock').exists()
+    assert not (tmp_path / '.lock').exists()  # removed when released
+
+
+def test_a_lock_removed_between_open_and_lock_is_opened_again(tmp_path, monkeypatch):
+    """A run that opened the lock file just before its holder ended (and removed it) locks a file of its own,
+    not the removed one, which a third run could never see."""
+    real_flock, removed = run.fcntl.flock, []
+
+    def flock_after_the_holder_ended(f, op):
+        if not removed:  # the holder ends between our open and our lock: its file is gone
+            removed.append(os.fstat(f.fileno()).st_ino)
+            os.unlink(tmp_path / '.lock')
+        return real_flock(f, op)
+    monkeypatch.setattr(run.fcntl, 'flock', flock_after_the_holder_ended)
+    with run._locked(str(tmp_path)):
+        held = run._held[os.path.realpath(tmp_path / '.lock')][0]
+        assert removed and os.fstat(held.fileno()).st_ino == os.stat(tmp_path / '.lock').st_ino
 
 
 @pytest.mark.slow

@@ -121,6 +121,12 @@ def test_other_errors_name_the_path(tmp_path, run_dir, sample_cli, capsys):
     assert str(tmp_path / 'policy') in error(['--save_dir', str(tmp_path)])
     assert "invalid float 'hot'" in error(['--save_dir', str(run_dir), '--temperature', 'hot'])
     assert 'hold only the policy' in error(['--save_dir', str(run_dir), '--savescope', 'ref_policy'])
+    # The folder that holds runs (launch.py's --save_dir): the error lists them and gives one's --save_dir.
+    runs = run_dir.parent
+    assert error(['--save_dir', str(runs)]).endswith(f'; it holds the runs run: --save_dir {run_dir}')
+    with pytest.raises(SystemExit):
+        sample_cli.launch.main(sample_cli.COMMANDS, argv=['best_of_n', '--save_dir', str(runs)])
+    assert capsys.readouterr().err.strip().endswith(f'; it holds the runs run: --save_dir {run_dir}')
 
 
 @pytest.mark.slow

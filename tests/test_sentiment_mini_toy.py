@@ -60,5 +60,12 @@ def test_toy_sentiment_mini_pipeline(tmp_path, toy_mini, capsys):
     assert 0 <= report['rm_bag_of_words_accuracy'] <= 1 and 0.25 <= report['rm_ceiling_accuracy'] <= 1
     assert list(report['phase_times_s']) == ['initial model', 'labels', 'train_reward', 'train_policy', 'report samples']
     assert 'seed (run.seed): 2\n' in out
+    # The run's last lines: where the report is, and what to run next on it.
+    assert out.splitlines()[-4:] == [
+        f"sentiment_mini: the report in {save_dir / 'sentiment_mini_report.json'}, all curves in "
+        f"{save_dir / 'sentiment_mini_curves.png'}",
+        f'  samples:    python sample.py sample --save_dir {save_dir} --nsamples 8',
+        f'  export:     python sample.py export --save_dir {save_dir} --out HF_DIR',
+        f'  best-of-n:  python sample.py best_of_n --save_dir {save_dir}']
     assert re.search(r'reward model held-out accuracy: [\d.]+% \(chance 25%, a bag-of-words model trained on the same '
                      r'labels: [\d.]+%, a perfect learner of VADER: [\d.]+%\)', out), out[-3000:]

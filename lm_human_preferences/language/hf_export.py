@@ -15,9 +15,10 @@ logits as our Model (to float rounding) on unpadded input; it holds
                                  unk and pad (GPT-2 has no pad token; as eos, transformers' generate
                                  never takes it for padding inside a prompt); `test` is one token per
                                  character 'a'..'z', '.' (0..26; any other character is '.', as ours),
-                                 with the pad token <pad> = 27, outside the model's 27 tokens: no
-                                 character of a prompt is taken for padding ('.' would be: it is
-                                 every word break). Padding side: left, for generate.
+                                 padded with '.' (26), a token the model embeds, as GPT-2 users pad with
+                                 eos: the tokenizer's attention_mask marks the pads, and the model's
+                                 configs name no pad token, so that generate never takes a prompt's '.'
+                                 (every word break) for padding. Padding side: left, for generate.
     generation_config.json       sampling as our policy samples: from the whole distribution (top_k 0,
                                  not transformers' 50), and with the run's task: its temperature and
                                  response length (max_new_tokens)
@@ -35,10 +36,10 @@ mid-sequence, positions skip them), transformers takes an attention_mask.
 import json
 import os
 
-from lm_human_preferences.language import checkpoints, encodings, hf_gpt2, trained_models
+from lm_human_preferences.language import checkpoints, encodings, hf_gpt2, model, trained_models
 from lm_human_preferences.utils import files
 
-TEST_PAD_TOKEN = '<pad>'
+TEST_PAD_TOKEN = '.'  # a token of the model's (see the module's docstring)
 
 
 def tokenizer_files(encoding, hparams):
@@ -58,13 +59,22 @@ def tokenizer_files(encoding, hparams):
         tokenizer = Tokenizer(models.WordLevel(encoding.get_encoder().encoder, unk_token='.'))
         tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r'[\s\S]'), behavior='isolated')  # each character
         tokenizer.decoder = decoders.Fuse()  # joined without spaces
-        tokenizer.add_special_tokens([TEST_PAD_TOKEN])  # id 27
         special = dict(pad_token=TEST_PAD_TOKEN)
     else:
         raise ValueError(f'no tokenizer for the encoding {encoding.name!r}')
     config = dict(tokenizer_class='PreTrainedTokenizerFast', model_max_length=hparams.n_ctx, padding_side='left',
                   clean_up_tokenization_spaces=False, **special)
     return {'tokenizer.json': tokenizer.to_str(pretty=True), 'tokenizer_config.json': json.dumps(config, indent=2)}
+
+
+def hf_tokenizer(encoding=encodings.Main, n_ctx=1024):
+    """Our encoding as a transformers tokenizer, made offline from the files the package ships: the tokenizer
+    an export holds (for `main`, GPT-2's, with <|endoftext|> as eos and pad), e.g. for a TRL script."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+    made = tokenizer_files(encoding, model.HParams(n_ctx=n_ctx))
+    config = {k: v for k, v in json.loads(made['tokenizer_config.json']).items() if k != 'tokenizer_class'}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(made['tokenizer.json']), **config)
 
 
 def generation_config(encoding, task=None):
@@ -144,17 +154,13 @@ def usage(out_dir):
     room = max(1, n_ctx - new_tokens - 1)
     prompts = ['a query', 'another query'] if encoding.name != 'test' else ['a query'[:room], 'another query'[:room]]
     if encoding.name == 'test':
-        # The pad token is outside the model's vocabulary: pads must not reach its embedding (as TRL does).
-        generate = ("model.generate(input_ids=batch.input_ids.masked_fill(batch.attention_mask == 0, 0), "
-                    "attention_mask=batch.attention_mask)")
-        note = f"{TEST_PAD_TOKEN} pads, outside the model's {encoding.n_vocab} tokens: masked_fill keeps it out"
+        note = "'.' pads, marked by the attention mask"
     else:
-        generate = 'model.generate(**batch)'
         note = '<|endoftext|> is eos and pad, as for GPT-2'
     return [f'use it with transformers (generate samples as the policy does: generation_config.json; {note}):',
             '  from transformers import AutoTokenizer, GPT2LMHeadModel',
             f'  tokenizer = AutoTokenizer.from_pretrained({out_dir!r})',
             f'  model = GPT2LMHeadModel.from_pretrained({out_dir!r})',
             f"  batch = tokenizer({prompts!r}, return_tensors='pt', padding=True)",
-            f'  print(tokenizer.batch_decode({generate}[:, batch.input_ids.shape[1]:]))']
+            "  print(tokenizer.batch_decode(model.generate(**batch)[:, batch.input_ids.shape[1]:]))"]
 

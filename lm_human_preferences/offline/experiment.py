@@ -128,7 +128,7 @@ def prepare_reward_training(exp: OfflineExperiment, hparams: train_reward_module
         if len(records) != num_labels:
             error = (f'{path} holds {len(records)} label records, this run needs {num_labels} (labels.num_train '
                      f'{hparams.labels.num_train} + {exp.held_out_labels} held out): it belongs to another run; '
-                     f'choose another --save_dir')
+                     f'give this run another NAME (or --save_dir)')
         else:
             print(f"{exp.name}: {num_labels} labels by {exp.labeler.description} in {path} "
                   f"({hparams.labels.num_train} to train on, {exp.held_out_labels} held out; {made})")
@@ -229,7 +229,9 @@ def _train_reward(exp, hparams):
     num_responses = label_types.get(hparams.labels.type).num_responses
     report = dict(seed=hparams.run.seed, **reward_report(save_dir, references=references, num_responses=num_responses),
                   phase_times_s=phases.seconds(), wall_time_s=time.time() - phases.started)
-    return finish(exp, report, save_dir)
+    use_it = (f'use it:     python launch.py train_policy {exp.name} NAME --rewards.trained_model '
+              f'{os.path.join(save_dir, "reward_model")} --rewards.train_new_model off')
+    return finish(exp, report, save_dir, [use_it])
 
 
 def _last_write(directory):
@@ -273,7 +275,9 @@ def _train_policy(exp, hparams):
         report.update(reward_report(save_dir, references=references, num_responses=num_responses))
     report.update(examples=dict(initial=before_examples, trained=after_examples),
                   phase_times_s=phases.seconds(), wall_time_s=time.time() - phases.started)
-    return finish(exp, report, save_dir)
+    return finish(exp, report, save_dir, [f'samples:    python sample.py sample --save_dir {save_dir} --nsamples 8',
+                                          f'export:     python sample.py export --save_dir {save_dir} --out HF_DIR',
+                                          f'best-of-n:  python sample.py best_of_n --save_dir {save_dir}'])
 
 
 def best_of_n(exp: OfflineExperiment, hparams: train_policy_module.HParams, *, n, queries, seed):

@@ -212,12 +212,15 @@ def plot_report(exp, save_dir, out=None, *, title=None):
         title=title or f'python launch.py {command} {exp.name} {os.path.basename(os.path.normpath(save_dir))}')
 
 
-def finish(exp, report, save_dir):
+def finish(exp, report, save_dir, next_steps=()):
     """Print the report and, in the save dir, write it (<save_dir>/<name>_report.json) and its figure
-    (plot_report)."""
+    (plot_report), then where they are and next_steps (lines: a command each), the run's last lines."""
     if utils.is_root():
         print(format_report(exp, report))
         if save_dir:
             files.atomic_write(report_file(exp, save_dir), json.dumps(report, indent=2).encode())
-            print(f'{exp.name}: all curves in {plot_report(exp, save_dir)}')
+            figure = plot_report(exp, save_dir)
+            print(f'{exp.name}: the report in {report_file(exp, save_dir)}, all curves in {figure}')
+            for line in next_steps:
+                print(f'  {line}')
     return report

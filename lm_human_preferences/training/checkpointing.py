@@ -542,5 +542,5 @@ def check_resume_compatible(save_dir, hparams_dict, filename, *, ignore=()):
         raise IncompatibleRunError(
             f'{save_dir} holds another run: its {filename} has {k}={theirs.get(k, "<unset>")!r}, this run has '
             f'{k}={ours.get(k, "<unset>")!r}{more}. To resume that run, rerun its command with the same '
-            f'hyperparameters; to start a new run, choose another --save_dir')
+            f'hyperparameters; to start a new run, give it another NAME (or --save_dir)')
     return True

@@ -79,11 +79,33 @@ _held = {}  # realpath of a lock file -> [open file, holders in this process]
 def _locked(save_dir):
     """Hold <save_dir>/.lock (flock, exclusive) for the block; re-entrant within the process (train_policy
     trains its reward model in the same save dir). The kernel releases the lock of a process that dies,
-    however it dies, so a stale lock is taken over by the next run."""
+    however it dies, so a stale lock is taken over by the next run. The file goes when the run ends."""
     path = os.path.realpath(os.path.join(save_dir, '.lock'))
     if path in _held:
         _held[path][1] += 1
     else:
+        f = _open_lock(path, save_dir)
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), command=' '.join(sys.argv))))
+        f.flush()
+        _held[path] = [f, 1]
+    try:
+        yield
+    finally:
+        _held[path][1] -= 1
+        if not _held[path][1]:
+            f = _held.pop(path)[0]
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # while locked: a run that opened it meanwhile finds it gone (_open_lock)
+            fcntl.flock(f, fcntl.LOCK_UN)
+            f.close()
+
+
+def _open_lock(path, save_dir):
+    """<save_dir>/.lock opened and locked (exclusive, not waiting); one that its holder removed between our open
+    and our lock is opened again."""
+    while True:
         f = open(path, 'a+')
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -97,20 +119,13 @@ def _locked(save_dir):
             except (ValueError, KeyError, TypeError):
                 who = 'another process'
             raise SaveDirInUseError(f'{save_dir} is in use by another run ({who}): wait for it to end, or '
-                                    f'choose another --save_dir') from None
-        f.seek(0)
-        f.truncate()
-        f.write(json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), command=' '.join(sys.argv))))
-        f.flush()
-        _held[path] = [f, 1]
-    try:
-        yield
-    finally:
-        _held[path][1] -= 1
-        if not _held[path][1]:
-            f = _held.pop(path)[0]
-            fcntl.flock(f, fcntl.LOCK_UN)
-            f.close()
+                                    f'give this run another NAME (or --save_dir)') from None
+        try:
+            if os.fstat(f.fileno()).st_ino == os.stat(path).st_ino:
+                return f
+        except FileNotFoundError:
+            pass
+        f.close()
 
 
 def run_folder_of(path):
@@ -387,7 +402,7 @@ class Run:
             if name in recorded and recorded[name] != fingerprint and trained:
                 error = (f'{self.save_dir} holds a run on other {name}: it recorded {_brief(recorded[name])}, '
                          f'this run has {_brief(fingerprint)}. To resume it, give it its {name} again; to start '
-                         f'a new run, choose another --save_dir')
+                         f'a new run, give it another NAME (or --save_dir)')
             else:
                 # the source the run first recorded stays (a resume from a copied dir or another cache
                 # path reads the same records); before anything was trained, this run's data replace it

@@ -138,7 +138,7 @@ class HParams:
                     group = separator.join(ks[:i + 1])
                     raise UnknownHParamError(
                         f"cannot set hyperparameter '{flat_k}': '{group}' is off (None); "
-                        f"turn it on first with '{group}=on'")
+                        f"turn it on first: --{group} on")
             setattr(hp, f, v)
 
     def _get_path(self, keys):

@@ -518,6 +518,12 @@ def _command_arguments(name, command, args):
     return positional, kw
 
 
+def _option_default(command, param):
+    if param.default is False:  # a switch: --dry_run alone is true
+        return '(a switch: on when given)'
+    return f'({_option_help(command)[param.name]})' if param.default is None else repr(param.default)
+
+
 def command_help(program, name, command):
     """`COMMAND --help`: the command's description (its docstring), usage, options with their defaults (or
     for those left unset, their option_help: what happens then, or REQUIRED), and, where the command lists
@@ -526,8 +532,7 @@ def command_help(program, name, command):
     options = [p for p in inspect.signature(command).parameters.values()
                if p.default is not inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD]
     if options:
-        lines += ['', 'options:'] + [f'  --{p.name} ' + (f'({_option_help(command)[p.name]})' if p.default is None
-                                                         else repr(p.default)) for p in options]
+        lines += ['', 'options:'] + [f'  --{p.name} ' + _option_default(command, p) for p in options]
     extra = getattr(command, 'help_sections', None)
     if extra is not None:
         lines += ['', extra()]

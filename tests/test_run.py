@@ -77,6 +77,45 @@ def test_lock_is_reentrant_in_one_process(tmp_path):
     assert not (tmp_path / '.lock').exists()  # removed when released
 
 
+def test_the_launcher_refuses_a_save_dir_in_use_before_any_worker_starts(tmp_path):
+    """A second command on a live save dir is one line from the launcher, naming the holder, before it starts
+    a process (it once came from the workers, seconds later, with a torch warning)."""
+    from lm_human_preferences.utils import launch
+
+    def never(hparams):
+        raise AssertionError('a worker started')
+    trial = [(k, v, {}) for k, v in {'task.policy.initial_model': 'test', 'task.query_dataset': 'test',
+                                     'task.query_length': 2, 'task.response_length': 3, 'rewards.trained_model': 'test',
+                                     'ppo.batch_size': 8, 'ppo.total_episodes': 48}.items()]
+    (tmp_path / 'live').mkdir()
+    with run._locked(str(tmp_path / 'live')):  # held as a running process holds it (another open file)
+        with pytest.raises(launch.ConfigError, match=rf"^{tmp_path / 'live'} is in use by another run \(pid "
+                                                     rf"{os.getpid()} on .*give this run another NAME"):
+            launch.launch_trials('live', never, [trial], train_policy.HParams, mpi=2, procs=2, save_dir=str(tmp_path))
+
+
+def test_a_run_that_fails_before_its_first_state_leaves_nothing(tmp_path, monkeypatch):
+    """What a run made before it trained anything (the save dir, its hparams and data records, the lock) goes
+    when it fails; a folder that was there stays, and so does a run that saved a state."""
+    save_dir = tmp_path / 'runs' / 'new'
+
+    def fail_at_the_first_step(self, *args, **kwargs):
+        raise RuntimeError('bad batch')
+    monkeypatch.setattr(train_policy.PPOTrainer, 'step', fail_at_the_first_step)
+    with pytest.raises(RuntimeError, match='bad batch'):
+        train_policy.train(policy_hparams(save_dir))
+    assert (tmp_path / 'runs').is_dir() and not save_dir.exists()
+    save_dir.mkdir()  # a folder the user made: emptied of what the run made, kept
+    with pytest.raises(RuntimeError, match='bad batch'):
+        train_policy.train(policy_hparams(save_dir))
+    assert save_dir.is_dir() and not any(save_dir.iterdir())
+    monkeypatch.undo()
+    train_policy.train(policy_hparams(save_dir, **{'ppo.total_episodes': 8}))
+    assert sorted(p.name for p in save_dir.iterdir()) == ['policy', 'tb', 'train_policy_curves.png',
+                                                          'train_policy_data.json', 'train_policy_hparams.json',
+                                                          'train_policy_stats.jsonl']
+
+
 def test_a_lock_removed_between_open_and_lock_is_opened_again(tmp_path, monkeypatch):
     """A run that opened the lock file just before its holder ended (and removed it) locks a file of its own,
     not the removed one, which a third run could never see."""
@@ -506,7 +545,9 @@ def test_a_run_that_stopped_before_training_does_not_hold_its_save_dir(tmp_path)
     bad.write_text('[{"query": [1, 2], "sample0": ')
     with pytest.raises(ValueError, match='is not valid JSON'):
         train_reward.train(reward_hparams(save_dir, bad))
-    assert json.loads((save_dir / 'train_reward_hparams.json').read_text())['labels']['source'] == str(bad)
+    assert not save_dir.exists()  # it made the save dir and trained nothing: nothing is left
+    save_dir.mkdir()
+    (save_dir / 'train_reward_hparams.json').write_text(json.dumps(reward_hparams(save_dir, bad).to_nested_dict()))
     good = write_labels(tmp_path / 'good.json', 20)
     train_reward.train(reward_hparams(save_dir, good))
     assert json.loads((save_dir / 'train_reward_hparams.json').read_text())['labels']['source'] == str(good)

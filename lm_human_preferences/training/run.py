@@ -110,16 +110,9 @@ def _open_lock(path, save_dir):
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip()
             f.close()
-            try:
-                holder = json.loads(holder)
-                who = f'pid {holder["pid"]} on {holder["host"]}, running `{holder["command"]}`'
-            except (ValueError, KeyError, TypeError):
-                who = 'another process'
-            raise SaveDirInUseError(f'{save_dir} is in use by another run ({who}): wait for it to end, or '
-                                    f'give this run another NAME (or --save_dir)') from None
+            raise SaveDirInUseError(files.save_dir_in_use(save_dir, files.lock_holder(path) or 'another process')) \
+                from None
         try:
             if os.fstat(f.fileno()).st_ino == os.stat(path).st_ino:
                 return f
@@ -329,6 +322,7 @@ class Run:
         self._lock = contextlib.ExitStack()
         self.stats = StatsLog(save_dir=self.save_dir, kind=kind, log_interval=hparams.run.log_interval,
                               wandb_init=partial(_wandb_run, hparams, kind) if hparams.run.wandb else None)
+        self._created = []  # what this run made before it trained anything: removed if it fails then (__exit__)
         error = None
         if self.save_dir and core.is_root():
             try:
@@ -337,12 +331,14 @@ class Run:
                 # no run: the corrected rerun replaces its hparams.
                 existing = self.trained_anything() and checkpointing.check_resume_compatible(
                     self.save_dir, hparams.to_nested_dict(), f'{kind}_hparams.json', ignore=LOGGING_HPARAMS)
+                self._created += [d for d in (self.save_dir, self.model_dir) if not os.path.exists(d)]
                 os.makedirs(self.model_dir, exist_ok=True)
                 self._lock.enter_context(_locked(self.save_dir))
                 _remove_temporaries(self.save_dir)
                 self.stats.read()
                 if not existing:
                     hyperparams.save_json(hparams, os.path.join(self.save_dir, f'{kind}_hparams.json'))
+                    self._created.append(os.path.join(self.save_dir, f'{kind}_hparams.json'))
             except (OSError, ValueError) as e:  # SaveDirInUseError, IncompatibleRunError, a damaged stats line
                 self._lock.close()
                 error = (type(e).__name__, _one_line(e, self.save_dir))
@@ -365,7 +361,23 @@ class Run:
         if isinstance(exc, stopping.Stopped) and not exc.reported:
             self._report_stop(exc, None)
         self.stats.close()
+        if exc is not None and core.is_root():
+            self._remove_what_it_made()
         self._lock.close()
+
+    def _remove_what_it_made(self):
+        """A run that fails (or stops) before it saved a state or a stats line leaves nothing behind: the files and
+        folders it made (its hparams and data records, an empty model dir and save dir) go."""
+        if not self._created or self.trained_anything() or os.path.exists(self.stats.jsonl_path):
+            return
+        for path in reversed(self._created):
+            with contextlib.suppress(OSError):
+                if os.path.isdir(path):
+                    if path == self.save_dir:
+                        os.remove(os.path.join(path, '.lock'))  # released just after; an empty dir goes first
+                    os.rmdir(path)  # only if empty
+                else:
+                    os.remove(path)
 
     def _print_summary(self):
         """The hparams that define the run, in a few lines (all of them are in the save dir's JSON)."""
@@ -410,6 +422,8 @@ class Run:
                     k: v for k, v in recorded.items() if k not in (name, f'{name}_source')}
                 updated = {name: fingerprint, **({f'{name}_source': source} if source else {}), **kept}
                 if updated != recorded:
+                    if not os.path.exists(path):
+                        self._created.append(path)
                     files.atomic_write(path, json.dumps(updated, indent=1).encode())
         error = core.mpi_bcast(error)
         if error is not None:

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lm_human_preferences.utils import core, extras, gcs, ranks, stopping
+from lm_human_preferences.utils import core, extras, files, gcs, ranks, stopping
 
 
 class ConfigError(Exception):
@@ -329,6 +329,10 @@ def launch_trials(name, fn, trials, hparam_class, extra_hparams=None, dry_run=Fa
                     extras.check_wandb(job_name)  # ours: a missing key or an unreachable server, before any work
                 except (ValueError, extras.MissingExtra) as e:
                     raise ConfigError(str(e)) from None
+            run_dir = getattr(getattr(hparams, 'run', None), 'save_dir', None)
+            holder = files.lock_holder(os.path.join(run_dir, '.lock')) if run_dir else None
+            if holder is not None:  # ours: before any worker starts (the run checks it again when it takes it)
+                raise ConfigError(files.save_dir_in_use(run_dir, holder))
             jobs.append(partial(launch, job_name, partial(fn, hparams), mpi=mpi, procs=procs))
     # The original ran local jobs one at a time too (it asserted there was only one).
     for job in jobs:

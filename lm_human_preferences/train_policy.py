@@ -661,7 +661,6 @@ def train(hparams: HParams):
         if hparams.rewards.train_new_model:
             train_reward.train(hparams.rewards.train_new_model)
             utils.mpi_bcast(None)  # rank 0 saved the reward model: every process waits for it
-            run.started = time.time()  # ours: 'train_policy done: ... in T' times PPO, as the reward phase its own
 
         m = trained_models.TrainedModel(hparams.task.policy.initial_model)
         encoder = m.encoding.get_encoder()

@@ -223,6 +223,13 @@ def label_fingerprint(train, held_out):
     return dict(sha256=h.hexdigest(), records=count)
 
 
+def best_credit(logits, best):
+    """Ours: for best_of_N, the accuracy credit of each row of logits [n, N] against its labeled best [n]: 1/k when
+    the best is one of the k tied for the highest logit (a random tie-break's expectation), else 0."""
+    is_max = logits == logits.max(dim=1, keepdim=True).values
+    return is_max.gather(1, best.long()[:, None])[:, 0] / is_max.sum(dim=1)
+
+
 class RewardModelTrainer():
     def __init__(self, *, reward_model, policy, query_sampler, hparams, execution=None, run=None):
         """reward_model: a rewards.RewardModelTrainer on the execution's device. policy (the frozen initial
@@ -460,8 +467,7 @@ class RewardModelTrainer():
             loss_sum += stats['loss'].item() * batch_n  # the losses are means over the batch
             if isinstance(self.label_type, label_types.PickBest):
                 logits = torch.stack([rewards[k] for k in self.sample_keys], dim=1)
-                is_max = logits == logits.max(dim=1, keepdim=True).values
-                correct += (is_max.gather(1, batch['best'].long()[:, None])[:, 0] / is_max.sum(dim=1)).sum().item()
+                correct += best_credit(logits, batch['best']).sum().item()
         # This process's totals (its ranks'), summed over processes.
         totals = utils.processes_sum(torch.tensor([float(len(ours)), loss_sum, correct], dtype=torch.float64))
         count = totals[0].item()

@@ -261,9 +261,8 @@ def test_a_stopped_pretraining_resumes_to_the_same_model(tmp_path, monkeypatch, 
     model an uninterrupted pretraining makes; the saved state goes once the model is made."""
     exp = dataclasses.replace(demo.EXPERIMENT, pretrain=dataclasses.replace(
         demo.EXPERIMENT.pretrain, n_embd=16, n_head=2, n_layer=1, n_ctx=16, steps=6, batch_size=2))
-    hparams = pretrain.pretrain_hparams(exp, None)
-    key = pretrain._pretrain_key(exp, hparams)
-    whole = pretrain.pretrain(exp, str(tmp_path / 'whole'), key, hparams)
+    key = pretrain._pretrain_key(exp, pretrain.pretrain_hparams(exp, None))
+    whole = pretrain.pretrain(exp, str(tmp_path / 'whole'), key)
 
     step = pretrain._pretraining_step
     def stopped_at_4(*args):
@@ -274,12 +273,12 @@ def test_a_stopped_pretraining_resumes_to_the_same_model(tmp_path, monkeypatch, 
     monkeypatch.setattr(pretrain, '_pretraining_step', stopped_at_4)
     out = str(tmp_path / 'resumed')
     with pytest.raises(KeyboardInterrupt):
-        pretrain.pretrain(exp, out, key, hparams)
+        pretrain.pretrain(exp, out, key)
     assert 'demo: pretraining stopped at step 4/6, saved; rerunning the same command resumes there' in \
         capsys.readouterr().err
     assert not os.path.exists(out) and os.path.isdir(out + '.partial')
     monkeypatch.setattr(pretrain, '_pretraining_step', step)
-    pretrain.pretrain(exp, out, key, hparams)
+    pretrain.pretrain(exp, out, key)
     assert 'resuming the pretraining at step 4/6' in capsys.readouterr().out
     a, b = checkpoints.load_checkpoint(whole), checkpoints.load_checkpoint(out)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -287,9 +286,9 @@ def test_a_stopped_pretraining_resumes_to_the_same_model(tmp_path, monkeypatch, 
     # A state made for other hparams (another key) is not resumed from.
     monkeypatch.setattr(pretrain, '_pretraining_step', stopped_at_4)
     with pytest.raises(KeyboardInterrupt):
-        pretrain.pretrain(exp, str(tmp_path / 'other'), key, hparams)
+        pretrain.pretrain(exp, str(tmp_path / 'other'), key)
     monkeypatch.setattr(pretrain, '_pretraining_step', step)
-    pretrain.pretrain(exp, str(tmp_path / 'other'), dict(key, corpus_sha1='another'), hparams)
+    pretrain.pretrain(exp, str(tmp_path / 'other'), dict(key, corpus_sha1='another'))
     assert 'resuming' not in capsys.readouterr().out
 
 

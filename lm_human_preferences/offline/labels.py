@@ -100,7 +100,7 @@ def bag_of_words_accuracy(train, held_out, *, padding_token, l2=3e-4, max_iter=3
     best_of_N records (train, held_out: lists of records). A weight per token; a response's score is the sum of
     its tokens' weights (the padding token's none), fitted by the label type's loss (softmax cross-entropy over
     the N responses) plus l2 * |w|^2, by L-BFGS from 0. The responses only, as the labeler reads them; a k-way
-    tie for the highest score counts 1/k, as train_reward's accuracy."""
+    tie for the highest score counts 1/k, as train_reward's accuracy (best_credit)."""
     sample_keys = sorted(k for k in train[0] if k.startswith('sample'))
 
     def tensors(records):
@@ -120,6 +120,4 @@ def bag_of_words_accuracy(train, held_out, *, padding_token, l2=3e-4, max_iter=3
         return loss
     optimizer.step(closure)
     with torch.no_grad():
-        logits = scores(test_samples, test_real)
-        is_max = logits == logits.max(dim=1, keepdim=True).values
-        return float((is_max.gather(1, test_best[:, None])[:, 0] / is_max.sum(dim=1)).mean())
+        return float(train_reward_module.best_credit(scores(test_samples, test_real), test_best).mean())

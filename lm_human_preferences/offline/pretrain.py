@@ -123,14 +123,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
 SAVE_EVERY_S = 60
 
 
-def pretrain(exp, out_dir, key, hparams: PretrainHParams):
-    """Train the experiment's initial model on its corpus (hparams: pretrain_hparams) and save it to out_dir (our
-    checkpoint format), with key (_pretrain_key: what it was made from) in pretrain.json.
+def pretrain(exp, out_dir, key):
+    """Train the experiment's initial model on its corpus by the pretraining hparams in key (_pretrain_key: what it
+    is made from, written to pretrain.json) and save it to out_dir (our checkpoint format).
 
     Written to a temporary dir that is then renamed into place, so a crash never leaves a half model. Its state
     (the model, Adam, the windows' generator, the step) goes to <out_dir>.partial at least every SAVE_EVERY_S
     seconds and on a stop signal; a rerun with the same key resumes from it, to the same model.
     """
+    hparams = PretrainHParams(**key['pretrain'])
     tokens = torch.tensor(exp.encoding.get_encoder().encode(exp.corpus()), dtype=torch.long)
     model_hparams = model.HParams(n_vocab=exp.encoding.n_vocab, n_ctx=hparams.n_ctx, n_embd=hparams.n_embd,
                                   n_head=hparams.n_head, n_layer=hparams.n_layer)
@@ -258,7 +259,7 @@ def ensure_pretrained(exp, run_seed=None):
             print(f'{exp.name}: pretraining the initial model into {out_dir} ({p.n_layer} layers, width '
                   f'{p.n_embd}, {exp.encoding.n_vocab:,}-token vocabulary, {p.steps} steps of {p.batch_size} '
                   f'x {p.n_ctx} tokens; {key["products_dtype"]} products with the output embedding{seed})', flush=True)
-            pretrain(exp, out_dir, key, p)
+            pretrain(exp, out_dir, key)
     except Exception as e:
         utils.mpi_bcast(f'{type(e).__name__}: {e}')  # the other ranks must not wait for a model that never comes
         raise

@@ -434,7 +434,9 @@ class Run:
         and remember what save() saves: modules, optimizer, samplers, and model = (module, model hparams,
         encoding) for the model checkpoint. A state past the end of the stats log (the rows between lost:
         cut off) gives way to a kept one before it, whose steps redone log them again. Returns the
-        TrainState or None. Collective."""
+        TrainState or None. Collective. The end-of-run summary times the trainer from here (train_policy's
+        reward phase, before it, has its own)."""
+        self.started = time.time()
         logged = self.stats.next_step()
         state = checkpointing.load_latest_train_state(self.model_dir, modules=modules, optimizer=optimizer,
                                                       samplers=samplers, at_most=logged) if self.save_dir else None

@@ -329,7 +329,7 @@ def launch_trials(name, fn, trials, hparam_class, extra_hparams=None, dry_run=Fa
                     extras.check_wandb(job_name)  # ours: a missing key or an unreachable server, before any work
                 except (ValueError, extras.MissingExtra) as e:
                     raise ConfigError(str(e)) from None
-            run_dir = getattr(getattr(hparams, 'run', None), 'save_dir', None)
+            run_dir = hparams.run.save_dir
             holder = files.lock_holder(os.path.join(run_dir, '.lock')) if run_dir else None
             if holder is not None:  # ours: before any worker starts (the run checks it again when it takes it)
                 raise ConfigError(files.save_dir_in_use(run_dir, holder))

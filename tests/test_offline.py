@@ -2,10 +2,12 @@
 parts (lm_human_preferences/sentiment_mini/): the labelers, their ties, the label file they write (read back
 through train_reward's normal path), the pretraining loss, and the miniature's task and dataset. Fast: no
 end-to-end run (those are tests/test_demo.py and tests/test_sentiment_mini.py, in the slow tier)."""
+import copy
 import dataclasses
 import importlib.util
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ from lm_human_preferences import demo, label_types, sentiment_mini, train_reward
 from lm_human_preferences.sentiment_mini import bindings as sentiment_mini_bindings
 from lm_human_preferences.offline import experiment, labels, pretrain
 from lm_human_preferences.language import checkpoints, datasets, encodings, model, trained_models
+from lm_human_preferences.utils import gcs
 from lm_human_preferences.sentiment_mini import vader
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -118,9 +121,9 @@ def test_missing_vader_is_one_line(monkeypatch):
         vader._analyzer.cache_clear()
 
 
-def _random_main_model(directory):
+def _random_main_model(directory, seed=0):
     """A tiny random GPT-2 on the real 50,257-token BPE, saved as an initial model."""
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     hp = model.HParams(n_vocab=encodings.Main.n_vocab, n_ctx=96, n_embd=8, n_head=2, n_layer=1)
     checkpoints.save_checkpoint(str(directory), 0, model.Model(hp), hparams=hp, encoding=encodings.Main)
     return str(directory)
@@ -142,19 +145,22 @@ def test_vader_labels_in_the_original_format_read_back_by_train_reward(tmp_path)
     assert len(records) == 8 and all(sorted(r) == ['best', 'query', 'sample0', 'sample1', 'sample2', 'sample3']
                                       for r in records)
     encoder = encodings.Main.get_encoder()
+    query_length, response_length = hparams.task.query_length, hparams.task.response_length
     for r in records:
-        assert len(r['query']) == 24 and all(len(r[f'sample{i}']) == 16 for i in range(4))
+        assert len(r['query']) == query_length and all(len(r[f'sample{i}']) == response_length for i in range(4))
         scores = [vader.compound_score(encoder.decode(r[f'sample{i}'])) for i in range(4)]
         assert scores[r['best']] == max(scores)
-        assert encoder.decode(r['query']).endswith('.')  # the books pipeline: cut back to the last '.'
+        # The books pipeline: cut back to the last '.' of the window, whole when it has none.
+        real = [t for t in r['query'] if t != encoder.padding_token]
+        assert encoder.decode(real).endswith('.') or len(real) == query_length
     assert sorted(references) == ['bag_of_words', 'ceiling']
     assert 0.25 <= references['ceiling'] <= 1 and 0 <= references['bag_of_words'] <= 1
 
     label_type = label_types.get('best_of_4')
     train, held_out = train_reward.download_labels(
-        str(path), label_type, label_type.question_schemas(query_length=24, response_length=16), 6,
-        n_vocab=encodings.Main.n_vocab, padding_token=encoder.padding_token)
-    assert train['sample0'].shape == (6, 16) and held_out['query'].shape == (2, 24)
+        str(path), label_type, label_type.question_schemas(query_length=query_length, response_length=response_length),
+        6, n_vocab=encodings.Main.n_vocab, padding_token=encoder.padding_token)
+    assert train['sample0'].shape == (6, response_length) and held_out['query'].shape == (2, query_length)
     assert held_out['best'].tolist() == [r['best'] for r in records[6:]]
     # A rerun in the same save dir reuses them; one needing another number of labels is refused.
     hparams.labels.source = 'sentiment_mini'
@@ -162,6 +168,36 @@ def test_vader_labels_in_the_original_format_read_back_by_train_reward(tmp_path)
     with pytest.raises(ValueError, match=rf'{path} holds 8 label records, this run needs 22 .*give this run another '
                                          r'NAME \(or --save_dir\)'):
         experiment.prepare_reward_training(exp, hparams, str(tmp_path))
+
+
+def test_labels_are_made_once_per_seed_and_copied_by_a_rerun(tmp_path, capsys, monkeypatch):
+    """The labels are kept in the datasets cache under a key of what they depend on: a new run of the same
+    settings copies them (the same bytes, nothing sampled), another seed or initial model makes its own."""
+    monkeypatch.setenv('LMHP_DATASETS_DIR', str(tmp_path / 'datasets'))  # no other test's labels
+    hparams = train_reward.HParams()
+    hparams.override_from_dict({k: v for k, v, _ in top_launch.get_train_reward_experiments()['sentiment_mini'][0]})
+    initial = _random_main_model(tmp_path / 'initial')
+    exp = dataclasses.replace(sentiment_mini.EXPERIMENT, held_out_labels=2)
+
+    def prepare(run, seed=1, model=initial):
+        h = copy.deepcopy(hparams)
+        h.task.policy.initial_model, h.run.seed = model, seed
+        h.labels.num_train, h.rollout_batch_size = 6, 8
+        save_dir = tmp_path / run
+        experiment.prepare_reward_training(exp, h, str(save_dir))
+        return (save_dir / 'sentiment_mini_labels.json').read_bytes(), capsys.readouterr().out
+
+    first, out = prepare('first')
+    cached = re.search(r'kept in (\S+) for a rerun\)', out).group(1)
+    assert Path(cached).parent == Path(gcs.datasets_dir()) / 'sentiment_mini_labels'
+    assert Path(cached).read_bytes() == first and '[sentiment_mini labels: batch' in out
+    again, out = prepare('again')
+    assert again == first and f'copied from {cached}, made by an earlier run' in out
+    assert '[sentiment_mini labels: batch' not in out
+    other_seed, out = prepare('other_seed', seed=2)
+    assert other_seed != first and 'kept in' in out
+    other_model, out = prepare('other_model', model=_random_main_model(tmp_path / 'other', seed=1))
+    assert other_model != first and 'kept in' in out
 
 
 def test_pretraining_loss_is_cross_entropy():
@@ -223,7 +259,7 @@ def test_sentiment_mini_task_is_the_books_task_but_dataset_and_model():
         'penalty_reward_value'}
     assert mini['query_dataset'] == mini['policy.initial_model'] == 'sentiment_mini'
     assert (mini['query_length'], mini['response_length'], mini['truncate_token'], mini['truncate_after'],
-            mini['penalty_reward_value'], mini['policy.temperature']) == (24, 16, 13, 8, 0, 0.7)
+            mini["penalty_reward_value"], mini["policy.temperature"]) == (8, 16, 13, 8, 0, 0.7)
     with pytest.raises(AssertionError, match=r"not bound in the experiment: \['nope'\]"):
         sentiment_mini_bindings._rebind(top_launch.books_task, {'nope': 1})
 

@@ -66,7 +66,7 @@ def test_short_sentiment_mini(tmp_path, short_mini, capsys):
     records = json.loads((save_dir / 'sentiment_mini_labels.json').read_text())
     assert len(records) == 64 + 32
     label_type = label_types.get('best_of_4')
-    schemas = {**label_type.question_schemas(query_length=24, response_length=16), **label_type.label_schemas()}
+    schemas = {**label_type.question_schemas(query_length=8, response_length=16), **label_type.label_schemas()}
     label_types.validate_labels(records, schemas, n_vocab=50257, padding_token=50259, source='sentiment_mini labels')
     encoder = encodings.Main.get_encoder()
     for r in records:
@@ -74,7 +74,7 @@ def test_short_sentiment_mini(tmp_path, short_mini, capsys):
         assert scores[r['best']] == max(scores)
     hparams = json.loads((save_dir / 'train_reward_hparams.json').read_text())
     assert hparams['labels']['source'] == str(save_dir / 'sentiment_mini_labels.json')
-    assert hparams['task']['query_dataset'] == 'sentiment_mini' and hparams['task']['query_length'] == 24
+    assert hparams['task']['query_dataset'] == 'sentiment_mini' and hparams['task']['query_length'] == 8
     assert 'eval on 32 labels: eval/loss' in out
 
     # Both trainers ran (normalization before and after, 2 PPO batches), and the report has its keys.
@@ -99,7 +99,10 @@ def test_short_sentiment_mini(tmp_path, short_mini, capsys):
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     blocks = proc.stdout.split('=' * 80 + '\n')[1:]
-    assert len(blocks) == 4 and len(blocks[0].splitlines()[0]) > 40  # a query of up to 24 BPE tokens
+    assert len(blocks) == 4
+    for block in blocks:  # a query's text, then the response's
+        query, response = block.splitlines()[:2]
+        assert query.startswith('query:    ') and query[10:].strip() and response.startswith('response: ')
 
     # best_of_n on the run: the labeler's score of the best of k initial-policy samples, picked by the run's
     # reward model and by VADER itself (never below the reward model's pick; the same sample when k = 1).

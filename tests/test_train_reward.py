@@ -16,6 +16,7 @@ import torch
 
 from lm_human_preferences import label_types, rewards, train_reward
 from lm_human_preferences.language import checkpoints, trained_models
+from lm_human_preferences.training.side_by_side import RankGradients
 from lm_human_preferences.utils import core, gcs
 from lm_human_preferences.language import bf16 as bf16_module
 from lm_human_preferences.training.adam import AdamTF
@@ -499,3 +500,16 @@ def test_bf16_training_run():
     results = train_reward_test({'run.bf16': True, 'normalize_before': True, 'normalize_samples': 16})
     assert results['train']['loss'] == pytest.approx(math.log(4), abs=1e-6)
     assert hparams_for_test().run.use_bf16() == torch.cuda.is_available()  # None = auto
+
+
+def test_one_ranks_gradient_is_the_mean_as_it_is():
+    """With one rank (no launcher), RankGradients leaves the gradient of the backward pass in .grad, bit for bit,
+    and makes no float64 sums: the mean over one rank is that rank's gradient."""
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(5, 3))
+    (weight.sin() * torch.randn(5, 3)).sum().backward()
+    expected = weight.grad.clone()
+    gradients = RankGradients([weight])
+    gradients.add_rank()
+    gradients.mean_into_grads()
+    assert torch.equal(weight.grad, expected) and weight.grad.dtype == torch.float32 and gradients.sums is None

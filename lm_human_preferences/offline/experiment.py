@@ -5,7 +5,7 @@ human labelers. `python launch.py train_policy <its name> NAME` then runs:
 
 1. the initial model (`task.policy.initial_model = <name>`; pretrain.py);
 2. the labels (`labels.source = <name>`; labels.py), written to <save_dir>/<name>_labels.json with held-out
-   records after the first labels.num_train;
+   records after the first labels.num_train, made once per initial model, seed and task (a rerun copies them);
 3. the normal train_reward (normalization before and after) and train_policy (PPO, adaptive KL);
 4. a report (report.py).
 
@@ -32,9 +32,11 @@ from lm_human_preferences import train_reward as train_reward_module
 from lm_human_preferences.language import encodings, trained_models
 from lm_human_preferences.offline.report import (best_of_n_rows, finish, policy_report, reward_report, sample_scores,
                                                   score_report)
-from lm_human_preferences.offline.labels import bag_of_words_accuracy, labeler_ceiling, make_labels
+from lm_human_preferences.offline.labels import (bag_of_words_accuracy, cache_path, labeler_ceiling, labels_key,
+                                                 make_labels)
 from lm_human_preferences.offline.pretrain import PretrainHParams, ensure_pretrained
 from lm_human_preferences.utils import core as utils
+from lm_human_preferences.utils import files
 
 
 @dataclass(frozen=True)
@@ -104,8 +106,9 @@ def resolve_initial_model(exp: OfflineExperiment, *tasks, run_seed):
 
 
 def prepare_reward_training(exp: OfflineExperiment, hparams: train_reward_module.HParams, save_dir):
-    """For labels.source <name>, make the labels (<save_dir>/<name>_labels.json; a resumed run reuses
-    them) and point labels.source at them. Collective. Returns the reward model's references on the held-out
+    """For labels.source <name>, make the labels (<save_dir>/<name>_labels.json; a resumed run reuses them; a
+    new run copies those an earlier one made with the same key: labels.labels_key) and point labels.source at
+    them. Collective. Returns the reward model's references on the held-out
     labels (rank 0; {} when the labels are not ours): `ceiling`, the accuracy a perfect learner of the labeler
     would reach, and `bag_of_words`, a bag-of-words model's trained on the same labels."""
     if hparams.labels.source != exp.name:
@@ -115,11 +118,21 @@ def prepare_reward_training(exp: OfflineExperiment, hparams: train_reward_module
     path = os.path.join(save_dir, f'{exp.name}_labels.json')
     num_labels = hparams.labels.num_train + exp.held_out_labels
     started = time.time()
-    if not utils.mpi_bcast(os.path.isfile(path)):
-        make_labels(exp, hparams, path, num_labels=num_labels, seed=hparams.run.seed or 0)
-        made = f'made in {time.time() - started:.0f}s'
-    else:
+    if utils.mpi_bcast(os.path.isfile(path)):
         made = 'reused: this save dir already had them'
+    else:
+        seed = hparams.run.seed or 0
+        cached = cache_path(exp, labels_key(exp, hparams, num_labels=num_labels, seed=seed))
+        if utils.mpi_bcast(os.path.isfile(cached)):
+            made = f'copied from {cached}, made by an earlier run of this seed, initial model and task'
+        else:
+            make_labels(exp, hparams, cached, num_labels=num_labels, seed=seed)
+            made = f'made in {time.time() - started:.0f}s, kept in {cached} for a rerun'
+        if utils.is_root():
+            os.makedirs(save_dir, exist_ok=True)
+            with open(cached, 'rb') as f:
+                files.atomic_write(path, f.read())
+        utils.mpi_bcast(None)  # everyone waits until the copy is in place
     hparams.labels.source = path
     error, references = None, {}
     if utils.is_root():

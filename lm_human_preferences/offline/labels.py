@@ -1,8 +1,13 @@
 """Ours: an offline experiment's labels. For each query of the task's dataset the initial policy samples N
 responses at the task's temperature and the experiment's labeler picks the best: the highest score of the
 (postprocessed) responses, ties broken at random (seeded). Written in the original's best_of_N JSON format
-({query, sample0..N-1, best}, token ids), which train_reward reads back through its normal label path."""
+({query, sample0..N-1, best}, token ids), which train_reward reads back through its normal label path.
 
+The labels are data, as the original's human labels were (made once, downloaded by every run): kept in
+datasets_dir()/<experiment>_labels/, keyed by all they depend on (labels_key), so that a rerun of the same seed
+reuses them as it reuses the seed's initial model."""
+
+import hashlib
 import json
 import os
 
@@ -16,7 +21,7 @@ from lm_human_preferences.policy import Policy
 from lm_human_preferences.training.execution import Execution
 from lm_human_preferences.training.run import Progress
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import files
+from lm_human_preferences.utils import files, gcs
 
 
 def pick_best(scores, rng):
@@ -82,6 +87,30 @@ def make_labels(exp, hparams: train_reward_module.HParams, path, *, num_labels, 
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         files.atomic_write(path, json.dumps(records).encode())
     utils.mpi_bcast(None)  # everyone waits until the file is in place
+
+
+def labels_key(exp, hparams: train_reward_module.HParams, *, num_labels, seed):
+    """What make_labels' records depend on, JSON-able: the labeler, the initial model (its checkpoint's sha256),
+    the queries (their stream's fingerprint), the task's other settings, the label type, the sampling batch,
+    bf16, the ranks (each samples its share from its own streams), the seed and the number. Collective (the
+    query data may be prepared)."""
+    task = hparams.task
+    model = trained_models.TrainedModel(task.policy.initial_model)
+    checkpoint = model.checkpoint()
+    queries = lm_tasks.make_query_sampler(hparams=task, encoder=model.encoding.get_encoder(), batch_size=1)
+    settings = task.to_nested_dict()
+    settings['policy'].pop('initial_model')
+    return dict(experiment=exp.name, labeler=exp.labeler.name,
+                initial_model=files.sha256_file(checkpoint) if checkpoint else model.name,
+                queries=queries.fingerprint, task=settings, label_type=hparams.labels.type,
+                rollout_batch_size=hparams.rollout_batch_size, bf16=hparams.run.use_bf16(),
+                ranks=utils.get_world_size(), seed=seed, num_labels=num_labels)
+
+
+def cache_path(exp, key):
+    """Where the labels of labels_key `key` are kept: datasets_dir()/<experiment>_labels/<its hash>.json."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(gcs.datasets_dir(), f'{exp.name}_labels', f'{digest}.json')
 
 
 def labeler_ceiling(labeler, records, encoder):

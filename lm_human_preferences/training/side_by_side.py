@@ -55,6 +55,8 @@ class RankGradients:
     def add_rank(self):
         """Move .grad (one rank's gradient) into the sums."""
         ranks.refuse_in_section('RankGradients.add_rank')
+        if core.get_world_size() == 1:
+            return  # the one rank's gradient is the mean: .grad stays (through float64 it would keep its bits)
         if self.sums is None:
             self.sums = [torch.zeros_like(p, dtype=torch.float64) for p in self.params]
         for total, p in zip(self.sums, self.params):
@@ -67,6 +69,8 @@ class RankGradients:
         """Set .grad to the mean over all ranks of the gradients added so far (collective over processes), and
         start new sums."""
         ranks.refuse_in_section('RankGradients.mean_into_grads')
+        if core.get_world_size() == 1:
+            return  # .grad holds the one rank's gradient (add_rank left it there)
         if ranks.num_processes() > 1:
             for chunk in core.chunk_tensors(self.sums, limit=1 << 28):
                 for total, v in zip(chunk, core.map_flat(core.processes_sum, chunk)):

@@ -511,5 +511,7 @@ def test_one_ranks_gradient_is_the_mean_as_it_is():
     expected = weight.grad.clone()
     gradients = RankGradients([weight])
     gradients.add_rank()
+    # (Several ranks' sums take each .grad into float64 sums and clear it.)
+    assert gradients.sums is None and torch.equal(weight.grad, expected)
     gradients.mean_into_grads()
     assert torch.equal(weight.grad, expected) and weight.grad.dtype == torch.float32 and gradients.sums is None

@@ -338,6 +338,40 @@ def launch_train_reward(exp, name, dry_run=False, mpi=None, procs=None, save_dir
         hparams_for_ranks=train_reward.check_ranks)
 
 
+def launch_label(exp, name, policy=None, validation=None, num=100, labelers=None, host='127.0.0.1', port=8765,
+                 overlap=0.05, save_dir=None, **extra_hparams):
+    """Ours: people label questions of the experiment's task in a browser. Prints the page's link(s) and serves
+    it until --num labels are given; each answer is saved at once into <save_dir>/NAME/labels.json (the
+    original's format: train_reward's --labels.source) beside a log of who answered what, when and how fast.
+    Questions: the task's initial model's responses; --policy DIR, a train_policy run's; --validation DIR, two of
+    each (the paper's validation questions). --labelers a,b: a link with a secret for each (needed with a --host
+    other than 127.0.0.1); --overlap: the share of questions asked twice, for agreement. Rerun to go on."""
+    _check_name(name)
+    from lm_human_preferences import train_reward
+    from lm_human_preferences.labeling import command
+    offline = importlib.import_module(OFFLINE_EXPERIMENTS[exp]).EXPERIMENT if exp in OFFLINE_EXPERIMENTS else None
+    fn = functools.partial(command.label_session, experiment=exp, offline=offline, policy=policy, validation=validation,
+                           num=num, labelers=labelers, host=host, port=port, overlap=overlap)
+    launch.launch_trials(name, fn=fn, trials=_get_trials(get_train_reward_experiments(), 'label', exp), mpi=1,
+                         procs=1, save_dir=save_dir or command.default_save_dir(), hparam_class=train_reward.HParams,
+                         extra_hparams=extra_hparams)
+
+
+def launch_export_labels(session_dir, out=None):
+    """Ours: the labels of a label session (the folder `label` wrote) as a Hugging Face datasets folder in TRL's
+    preference format (prompt, chosen, rejected: a best-of-4 label is three pairs), for TRL's trainers."""
+    if out is None:
+        raise launch.ConfigError('export_labels needs --out HF_DIR (a new or empty folder)')
+    from lm_human_preferences.labeling import export
+    rows = export.export_labels(session_dir, out)
+    print(f'export_labels: {rows} preference pairs of {session_dir} in {out} (datasets.load_from_disk reads them)')
+
+
+launch_label.option_help = dict(policy='the initial model', validation='off', labelers='anyone names themselves',
+                                save_dir='<datasets dir>/labels')
+launch_export_labels.option_help = dict(out=launch.REQUIRED)
+
+
 # `COMMAND --help`: the experiments, and the hparams most often set (`--dry_run` prints all of them).
 RUN_HPARAMS = {
     'run.seed': 'random seed (each rank: seed + 100003 * rank)',
@@ -398,5 +432,7 @@ launch_train_policy.option_help = launch_train_reward.option_help = dict(
 if __name__ == '__main__':
     launch.main(dict(
         train_policy=launch_train_policy,
-        train_reward=launch_train_reward
+        train_reward=launch_train_reward,
+        label=launch_label,
+        export_labels=launch_export_labels,
     ))

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from lm_human_preferences import lm_tasks, train_reward
 from lm_human_preferences.language import sample, trained_models
+from lm_human_preferences.online import loop as online_loop
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import TrainedRewardModel
 from lm_human_preferences.training import checkpointing, memory
@@ -101,6 +102,7 @@ class HParams(hyperparams.HParams):
     task: lm_tasks.TaskHParams = field(default_factory=lm_tasks.TaskHParams)
     rewards: RewardHParams = field(default_factory=RewardHParams)
     ppo: PpoHParams = field(default_factory=PpoHParams)
+    online: online_loop.OnlineHParams = field(default_factory=online_loop.OnlineHParams)  # ours: online/loop.py
 
     def override_from_dict(self, flat_dict, separator='.'):
         """Ours: while the reward model is trained here (rewards.train_new_model on), a `task.X` value sets
@@ -149,6 +151,7 @@ class HParams(hyperparams.HParams):
                              f"insufficient for whitening in PPOTrainer.loss (needs >= 8): use "
                              f"--{prefix}ppo.batch_size {8 * ppo.nminibatches} or more, fewer "
                              f"--{prefix}ppo.nminibatches, or --{prefix}ppo.whiten_rewards false")
+        online_loop.check_hparams(self, nupdates(self), prefix=prefix)
 
 
 def check_reward_task(hparams: HParams, *, prefix=''):
@@ -698,10 +701,16 @@ def train(hparams: HParams):
         # last training state in the save dir, if any.
         run.record_data('queries', query_sampler.fingerprint)
         save = resume(run, ppo_trainer, m)
+        # Ours: the paper's online loop (online/loop.py): the reward model retrained on new labels as PPO goes.
+        online = online_loop.OnlineLoop(hparams, ppo_trainer=ppo_trainer, score_model=score_model, run=run, save=save,
+                                        restore=lambda: resume(run, ppo_trainer, m), nupdates=nupdates(hparams)
+                                        ) if hparams.online.retrains else None
 
         # Ours: the original's `finally: save()`, Ctrl-C, the learning curves and a summary (training/run.py).
-        with run.training(step=lambda: ppo_trainer.global_step, save=save):
+        with run.training(step=lambda: ppo_trainer.global_step, save=save), online_loop.running(online):
             while ppo_trainer.global_step < nupdates(hparams):
+                if online is not None:
+                    online.before_step()
                 ppo_trainer.step()
                 ppo_trainer.global_step += 1
 

@@ -42,8 +42,8 @@ def test_both_trainers_pngs(tmp_path):
     assert all(_is_png(Path(p)) for p in written)
 
 
-def test_policy_panels_and_kl_target(tmp_path, monkeypatch):
-    _policy_run(tmp_path, target=4.5)
+def _spy_on_panels(monkeypatch):
+    """{panel title: (each line's y data, the legend's labels)} of the panels plot_learning_curves draws."""
     drawn = {}
     real_draw = plots._draw
 
@@ -58,8 +58,15 @@ def test_policy_panels_and_kl_target(tmp_path, monkeypatch):
             plt.close(fig)
         return real_draw(panels, out, title=title)
     monkeypatch.setattr(plots, '_draw', spy)
+    return drawn
+
+
+def test_policy_panels_and_kl_target(tmp_path, monkeypatch):
+    _policy_run(tmp_path, target=4.5)
+    drawn = _spy_on_panels(monkeypatch)
     plots.plot_learning_curves(str(tmp_path))
-    assert list(drawn) == [title for _, title in plots.POLICY_PANELS]
+    # every panel but the online loop's, which this run did not log
+    assert list(drawn) == [title for metric, title in plots.POLICY_PANELS if not metric.startswith('online/')]
     kl_lines, kl_labels = drawn['objective/kl (nats per response)']
     assert 'adaptive target 4.5' in kl_labels
     assert any(len(set(y)) == 1 and y[0] == 4.5 for y in kl_lines)  # the horizontal target line
@@ -119,7 +126,7 @@ def test_combined_figure_panels(tmp_path, monkeypatch):
     titles = []
     monkeypatch.setattr(plots, '_draw', lambda panels, out, *, title: titles.extend(t for _, t in panels) or out)
     plots.plot_combined(str(tmp_path), str(tmp_path / 'a.png'))
-    assert titles == [t for _, t in plots.POLICY_PANELS] + [t for _, t in plots.REWARD_PANELS]
+    assert titles == [t for m, t in plots.POLICY_PANELS if not m.startswith('online/')] + [t for _, t in plots.REWARD_PANELS]
     # Extra panels come last: the demo adds the rule score of samples before and after PPO.
     from lm_human_preferences import demo
     from lm_human_preferences.offline import report as offline_report
@@ -249,3 +256,16 @@ def test_plot_command_draws_the_demos_figure(tmp_path, figures, capsys):
     (tmp_path / 'demo_report.json').unlink()
     launch.main(top_sample.COMMANDS, argv=['plot', '--save_dir', str(tmp_path), '--out', str(out)])
     assert [len(row) for row in _rows_of(figures[str(out)])] == [4, 3]
+
+
+def test_online_rounds_panel(tmp_path, monkeypatch):
+    """The online loop logs each round's pi-beats-rho at its PPO batch, in a row of its own (online/loop.py)."""
+    _policy_run(tmp_path)
+    with open(tmp_path / 'train_policy_stats.jsonl', 'a') as f:
+        for step, wins in ((10, 0.7), (20, 0.8)):
+            f.write(json.dumps({'step': step, 'online/round': step // 10, 'online/pi_beats_rho': wins}) + '\n')
+    drawn = _spy_on_panels(monkeypatch)
+    plots.plot_learning_curves(str(tmp_path))
+    lines, labels = drawn['online: pi beats rho\n(validation labels, each round)']
+    assert list(lines[0]) == [0.7, 0.8] and labels == ['each round', 'chance (as many of each)']
+    assert list(lines[1]) == [0.5, 0.5]

@@ -43,7 +43,7 @@ LOCK_HOLDER = """
 import sys, time
 sys.path.insert(0, {repo!r})
 from lm_human_preferences.training import run
-with run._locked({save_dir!r}):
+with run.locked_save_dir({save_dir!r}):
     print('locked', flush=True)
     time.sleep(60)
 """
@@ -70,9 +70,9 @@ def test_a_save_dir_in_use_is_refused_and_a_dead_holder_taken_over(tmp_path):
 
 def test_lock_is_reentrant_in_one_process(tmp_path):
     # train_policy trains its reward model in the same save dir, in the same process.
-    with run._locked(str(tmp_path)), run._locked(str(tmp_path)):
+    with run.locked_save_dir(str(tmp_path)), run.locked_save_dir(str(tmp_path)):
         pass
-    with run._locked(str(tmp_path)):  # released: taken again
+    with run.locked_save_dir(str(tmp_path)):  # released: taken again
         assert (tmp_path / '.lock').exists()
     assert not (tmp_path / '.lock').exists()  # removed when released
 
@@ -88,7 +88,7 @@ def test_the_launcher_refuses_a_save_dir_in_use_before_any_worker_starts(tmp_pat
                                      'task.query_length': 2, 'task.response_length': 3, 'rewards.trained_model': 'test',
                                      'ppo.batch_size': 8, 'ppo.total_episodes': 48}.items()]
     (tmp_path / 'live').mkdir()
-    with run._locked(str(tmp_path / 'live')):  # held as a running process holds it (another open file)
+    with run.locked_save_dir(str(tmp_path / 'live')):  # held as a running process holds it (another open file)
         with pytest.raises(launch.ConfigError, match=rf"^{tmp_path / 'live'} is in use by another run \(pid "
                                                      rf"{os.getpid()} on .*give this run another NAME"):
             launch.launch_trials('live', never, [trial], train_policy.HParams, mpi=2, procs=2, save_dir=str(tmp_path))
@@ -127,7 +127,7 @@ def test_a_lock_removed_between_open_and_lock_is_opened_again(tmp_path, monkeypa
             os.unlink(tmp_path / '.lock')
         return real_flock(f, op)
     monkeypatch.setattr(run.fcntl, 'flock', flock_after_the_holder_ended)
-    with run._locked(str(tmp_path)):
+    with run.locked_save_dir(str(tmp_path)):
         held = run._held[os.path.realpath(tmp_path / '.lock')][0]
         assert removed and os.fstat(held.fileno()).st_ino == os.stat(tmp_path / '.lock').st_ino
 

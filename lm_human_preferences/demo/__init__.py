@@ -31,7 +31,11 @@ EXPERIMENT = experiment.OfflineExperiment(
     pretrain=PretrainHParams(n_layer=2, n_embd=128, n_head=4, n_ctx=64, steps=400, batch_size=32, lr=3e-3),
     labeler=experiment.Labeler(name='rule', description=f"the rule: prefer the response with the most letters "
                                                       f"'{RULE_LETTER}'",
-                             score_name='rule score', score=rule_score, title='the rule'),
+                             score_name='rule score', score=rule_score, title='the rule',
+                             instruction=dict(best=f"Which response has the most letters '{RULE_LETTER}'?",
+                                              score=f"How many letters '{RULE_LETTER}' does this response have "
+                                                    f"(1: none, 7: seven or more)?",
+                                              difference=f"Which response has more letters '{RULE_LETTER}'?")),
     # So small a model is bound by per-op overhead: one thread is never far off, where spinning OpenMP threads
     # slow every step down many times when other processes share the cores.
     cpu_threads=1,

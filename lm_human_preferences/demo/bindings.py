@@ -44,5 +44,6 @@ train_policy = combos(
     bind('ppo.batch_size', 64),
     bind('ppo.nminibatches', 4),
     bind('run.log_interval', 25),  # the stats table and samples 4 times
+    bind('online.labeler', 'rule'),  # who labels when the online loop is on (--online.retrains K)
     bind('run.seed', 1),
 )

@@ -22,7 +22,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Dict
 
 import torch
 
@@ -30,8 +30,8 @@ from lm_human_preferences import label_types
 from lm_human_preferences import train_policy as train_policy_module
 from lm_human_preferences import train_reward as train_reward_module
 from lm_human_preferences.language import encodings, trained_models
-from lm_human_preferences.offline.report import (best_of_n_rows, finish, policy_report, reward_report, sample_scores,
-                                                  score_report)
+from lm_human_preferences.offline.report import (best_of_n_rows, finish, online_report, policy_report, reward_report,
+                                                  reward_model_on_samples, sample_scores, score_report)
 from lm_human_preferences.offline.labels import (bag_of_words_accuracy, cache_path, labeler_ceiling, labels_key,
                                                  make_labels)
 from lm_human_preferences.offline.pretrain import PretrainHParams, ensure_pretrained
@@ -44,12 +44,15 @@ class Labeler:
     """A program in the human labelers' seat: score(text) of each response; the best of N is a highest
     score. `name` prefixes the report's keys ('<name>_initial_mean', ...); `description` is the line the
     report prints; `score_name` names the score in the report and its figure; `title` names the labeler in
-    a sentence ('a perfect learner of <title>')."""
+    a sentence ('a perfect learner of <title>'); `instruction` what a person on the labeling page is asked, by
+    the label's field (best_of_N's `best`, scalar_rating's `score`, scalar_compare's `difference`): its rule in
+    words."""
     name: str
     description: str
     score_name: str
     score: Callable[[str], float]
     title: str
+    instruction: Dict[str, str]
 
     def scores(self, responses, encoder):
         """Scores [b] (float64: a score's ties stay exact) of response token ids [b, n], decoded (the
@@ -280,8 +283,9 @@ def _train_policy(exp, hparams):
     with phases('report samples'):
         before, before_examples = sample_scores(exp, hparams.task.policy.initial_model, hparams.task, seed=seed)
         after, after_examples = sample_scores(exp, os.path.join(save_dir, 'policy'), hparams.task, seed=seed)
+        shift = reward_model_on_samples(exp, hparams, save_dir, seed=seed)
     report = dict(labeler=exp.labeler.description, seed=hparams.run.seed, **score_report(exp.labeler, before, after),
-                  **policy_report(save_dir, hparams))
+                  **policy_report(save_dir, hparams), **shift, **online_report(save_dir))
     if reward_hparams is not None:
         report['reward_seed'] = reward_hparams.run.seed
         num_responses = label_types.get(reward_hparams.labels.type).num_responses

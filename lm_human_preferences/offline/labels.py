@@ -16,6 +16,7 @@ import torch
 
 from lm_human_preferences import label_types, lm_tasks
 from lm_human_preferences import train_reward as train_reward_module
+from lm_human_preferences.labeling.questions import sample_responses
 from lm_human_preferences.language import trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.training.execution import Execution
@@ -27,6 +28,13 @@ from lm_human_preferences.utils import files, gcs
 def pick_best(scores, rng):
     """Index of the highest score in each row of scores [n, N], ties broken at random by rng."""
     return np.array([rng.choice(np.flatnonzero(row == row.max())) for row in np.asarray(scores)])
+
+
+def label_best(labeler, samples, encoder, rng):
+    """The labeler's pick of each row of samples [b, N, length] (postprocessed responses): the index of its highest
+    score, ties broken at random by rng."""
+    scores = torch.stack([labeler.scores(samples[:, j], encoder) for j in range(samples.shape[1])], dim=1)  # [b, N]
+    return pick_best(scores.numpy(), rng)
 
 
 def frozen_policy(model_name, task):
@@ -66,15 +74,15 @@ def make_labels(exp, hparams: train_reward_module.HParams, path, *, num_labels, 
         while len(records) < per_rank:
             queries = sampler()['tokens']
             with torch.no_grad():
-                # The labelers saw postprocessed (truncated) samples, as the original's label files hold.
-                samples = [postprocess(policy.respond(queries, task.response_length, generator=generator,
-                                                      execution=execution)['responses'])
-                           for _ in range(label_type.num_responses)]
-            scores = torch.stack([exp.labeler.scores(s, encoder) for s in samples], dim=1).numpy()  # [b, N]
-            best = pick_best(scores, rng)
+                # The labelers saw postprocessed (truncated) samples, as the original's label files hold; a
+                # program rates any, so no truncation filter (at the miniature's pass rate, 20 %, it would
+                # cost 5 times the samples).
+                samples, _ = sample_responses(policy, queries, label_type.num_responses, length=task.response_length,
+                                              generator=generator, postprocess=postprocess, execution=execution)
+            best = label_best(exp.labeler, samples, encoder, rng)
             for i in range(len(queries)):
                 record = dict(query=queries[i].tolist(), best=int(best[i]))
-                record.update({f'sample{j}': s[i].tolist() for j, s in enumerate(samples)})
+                record.update({f'sample{j}': samples[i, j].tolist() for j in range(label_type.num_responses)})
                 records.append(record)
             progress.done += 1
             if printing and progress.due():

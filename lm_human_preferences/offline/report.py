@@ -13,6 +13,7 @@ import torch
 from lm_human_preferences import lm_tasks, rewards
 from lm_human_preferences import train_policy as train_policy_module
 from lm_human_preferences.offline.labels import frozen_policy, rank_generator
+from lm_human_preferences.train_reward import best_credit
 from lm_human_preferences.training import plots
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import files
@@ -84,11 +85,17 @@ def best_of_n_rows(exp, hparams, *, n, queries, seed):
 
 
 def read_stats(path):
-    """The rows of a stats JSONL file (utils.core.record_stats), [] when it does not exist."""
+    """The rows of a stats JSONL file (utils.core.record_stats), one a step (the online loop logs its round's stats
+    at a PPO step in a row of their own: merged), [] when it does not exist."""
     if not os.path.isfile(path):
         return []
+    by_step = {}
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                by_step.setdefault(row['step'], {}).update(row)
+    return [by_step[step] for step in sorted(by_step)]
 
 
 def score_report(labeler, before, after):
@@ -135,6 +142,59 @@ def policy_report(save_dir, hparams):
         ppo_batches=len(rows))
 
 
+def online_report(save_dir):
+    """The online loop's rounds (online/loop.py; {} without them): each round's step, labels so far, pi beats rho
+    and the retrained reward model's held-out accuracy; the last one's as the final reward model's."""
+    rounds = []
+    k = 1
+    while os.path.isfile(os.path.join(save_dir, 'online', f'round-{k}', 'done.json')):
+        with open(os.path.join(save_dir, 'online', f'round-{k}', 'done.json')) as f:
+            done = json.load(f)
+        rounds.append(dict(step=done['step'], **{key.split('/', 1)[1]: v for key, v in done['stats'].items()}))
+        k += 1
+    return dict(online_rounds=rounds) if rounds else {}
+
+
+def final_reward_dir(save_dir, hparams):
+    """The reward model PPO scored with last: the online loop's last round's, else rewards.trained_model."""
+    rounds = online_report(save_dir).get('online_rounds', [])
+    if rounds:
+        return os.path.join(save_dir, 'online', f'reward-{rounds[-1]["round"]}', 'reward_model')
+    return hparams.rewards.trained_model
+
+
+@torch.no_grad()
+def reward_model_on_samples(exp, hparams, save_dir, *, seed):
+    """The paper's distributional shift, measured: the final reward model's accuracy on best-of-N questions (the
+    label type's N) of exp.eval_queries test queries, answered by the experiment's labeler (ties at random), with
+    responses of the initial policy (the samples an offline reward model learns from) and of the trained one
+    (those PPO asks it about at the end), each beside the labeler's ceiling (a perfect learner's accuracy). Rank 0
+    alone; collective (the query data). Returns {rm_accuracy_<initial|trained>_samples, ..._ceiling}."""
+    from lm_human_preferences.labeling.questions import QuestionSource
+    from lm_human_preferences.offline.labels import label_best, labeler_ceiling
+    task = hparams.task
+    label_type = hparams.rewards.train_new_model.labels.type if hparams.rewards.train_new_model else 'best_of_4'
+    reward_model = rewards.TrainedRewardModel(final_reward_dir(save_dir, hparams), exp.encoding).to(utils.get_device())
+    results = {}
+    for when, model in (('initial', task.policy.initial_model), ('trained', os.path.join(save_dir, 'policy'))):
+        policy, encoder = frozen_policy(model, task)
+        source = QuestionSource(task=task, label_type=label_type, policy=policy, size=exp.eval_queries, seed=seed,
+                                filtered=False, mode='test')
+        if not utils.is_root():
+            continue
+        questions = source.batch(0)
+        keys = source.keys
+        samples = torch.tensor([[q[k] for k in keys] for q in questions], device=utils.get_device())  # [n, N, length]
+        queries = torch.tensor([q['query'] for q in questions], device=utils.get_device())
+        best = torch.from_numpy(label_best(exp.labeler, samples.cpu(), encoder, np.random.RandomState(seed)))
+        logits = torch.stack([reward_model.score_fn(queries, samples[:, j]) for j in range(len(keys))], dim=1)
+        records = [dict(q, best=int(b)) for q, b in zip(questions, best)]
+        results[f'rm_accuracy_{when}_samples'] = float(
+            best_credit(logits.float().cpu(), best).mean())
+        results[f'rm_accuracy_{when}_samples_ceiling'] = labeler_ceiling(exp.labeler, records, encoder)
+    return utils.mpi_bcast(results)
+
+
 def format_report(exp, report):
     labeler = exp.labeler
     lines = ['=' * 78, f'{exp.name.upper()} REPORT', '=' * 78, f'labeler: {labeler.description}']
@@ -164,6 +224,18 @@ def format_report(exp, report):
         train = f'; on its training labels: {100 * train:.1f}%' if train is not None else ''
         lines.append(f"reward model held-out accuracy: {100 * report['rm_heldout_accuracy']:.1f}% "
                      f"(chance {100 * report['rm_chance_accuracy']:.0f}%{bow}{ceiling}){train}")
+    if 'rm_accuracy_trained_samples' in report:
+        lines.append(f"final reward model on best-of-N questions of test queries: "
+                     f"{100 * report['rm_accuracy_initial_samples']:.1f}% with the initial policy's samples "
+                     f"(ceiling {100 * report['rm_accuracy_initial_samples_ceiling']:.1f}%), "
+                     f"{100 * report['rm_accuracy_trained_samples']:.1f}% with the trained policy's "
+                     f"(ceiling {100 * report['rm_accuracy_trained_samples_ceiling']:.1f}%)")
+    for r in report.get('online_rounds', []):
+        wins = f", pi beats rho {100 * r['pi_beats_rho']:.0f}% of {r['pi_beats_rho_labels']} validation labels" \
+            if 'pi_beats_rho' in r else ''
+        accuracy = f", held-out accuracy {100 * r['reward_model_accuracy']:.1f}%" if 'reward_model_accuracy' in r else ''
+        lines.append(f"online round {r['round']} at PPO batch {r['step']}: reward model retrained on {r['labels']} "
+                     f"labels{accuracy}{wins}")
     for name, examples in report.get('examples', {}).items():
         lines.append(f'samples of the {name} policy (query | response):')
         lines.extend(f'  {q} | {r}' for q, r in examples)

@@ -23,6 +23,7 @@ from functools import partial
 from pathlib import Path
 
 from lm_human_preferences.datasets.local import local_texts
+from lm_human_preferences.labeling import questions
 from lm_human_preferences.language import datasets, encodings
 from lm_human_preferences.offline import experiment
 from lm_human_preferences.offline.pretrain import PretrainHParams
@@ -52,7 +53,9 @@ EXPERIMENT = experiment.OfflineExperiment(
                              seed=None, bf16_products=True),
     labeler=experiment.Labeler(name='vader', description='VADER (vaderSentiment): prefer the most positive response '
                                                        '(the highest compound score)',
-                             score_name='VADER compound score', score=vader.compound_score, title='VADER'),
+                             score_name='VADER compound score', score=vader.compound_score, title='VADER',
+                             # The paper's sentiment question, which VADER answers by its compound score.
+                             instruction=questions.INSTRUCTIONS['sentiment']),
     # 1,024 test queries: the trained policy's gain to a standard error of ~0.05 of the initial scores' std.
     eval_queries=1024,
     # 2,048 held-out labels: the reward model's accuracy to a standard error of ~1 point (512 left 2 points, and a

@@ -56,5 +56,6 @@ def train_policy(books_task, reward_experiment):
         bind('ppo.noptepochs', 2),  # the paper's 4 would take twice the time; 1 took off later or not at all
         bind('ppo.lam', 1.0),  # 16-token responses: the value head learns little here, so trust the returns
         bind('run.log_interval', 11),
+        bind('online.labeler', 'vader'),  # who labels when the online loop is on (--online.retrains K)
         bind('run.seed', 1),
     )

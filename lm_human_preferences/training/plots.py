@@ -27,6 +27,7 @@ POLICY_PANELS = [
     ('objective/kl_coef', 'objective/kl_coef'),
     ('objective/entropy', 'objective/entropy (nats per response)'),
     ('ppo/val/var_explained', 'ppo/val/var_explained'),
+    ('online/pi_beats_rho', 'online: pi beats rho\n(validation labels, each round)'),  # ours: online/loop.py
 ]
 REWARD_PANELS = [
     ('loss', 'reward model loss'),  # the minibatch loss, with eval/loss
@@ -132,6 +133,12 @@ def _reference_lines(ax, lines):
 
 
 def _policy_panel(ax, metric, series, hparams):
+    if metric == 'online/pi_beats_rho':  # a share of the labels of each round, against a coin's
+        _curve(ax, *series[metric], raw_label='each round', smooth=False)
+        _reference_lines(ax, [(0.5, 'chance (as many of each)', 'k', '--')])
+        ax.set_ylim(0, 1)
+        ax.set_xlabel('PPO batch')
+        return
     _curve(ax, *series[metric], raw_label='each PPO batch (raw)', smooth=metric not in UNSMOOTHED)
     if metric == 'objective/kl':
         target = _nested_get(hparams, 'rewards', 'adaptive_kl', 'target')

@@ -59,7 +59,7 @@ TB_SUBDIRS = dict(train_reward='reward_model', train_policy='ppo')
 # Hparams that change what a run logs or keeps, or its memory use or speed, not its results: a rerun may change
 # them and still resume.
 LOGGING_HPARAMS = ('run.log_interval', 'run.wandb', 'run.wandb_project', 'run.keep_checkpoints',
-                   'run.microbatch_size', 'run.cuda_graph')
+                   'run.microbatch_size', 'run.cuda_graph', 'online.host', 'online.port')
 # The metrics an end-of-run summary shows, when logged.
 SUMMARY_METRICS = dict(train_reward=('loss', 'eval/loss', 'eval/accuracy'),
                        train_policy=('objective/score', 'objective/kl', 'objective/kl_coef', 'objective/entropy'))
@@ -76,7 +76,7 @@ _held = {}  # realpath of a lock file -> [open file, holders in this process]
 
 
 @contextlib.contextmanager
-def _locked(save_dir):
+def locked_save_dir(save_dir):
     """Hold <save_dir>/.lock (flock, exclusive) for the block; re-entrant within the process (train_policy
     trains its reward model in the same save dir). The kernel releases the lock of a process that dies,
     however it dies, so a stale lock is taken over by the next run. The file goes when the run ends."""
@@ -333,7 +333,7 @@ class Run:
                     self.save_dir, hparams.to_nested_dict(), f'{kind}_hparams.json', ignore=LOGGING_HPARAMS)
                 self._created += [d for d in (self.save_dir, self.model_dir) if not os.path.exists(d)]
                 os.makedirs(self.model_dir, exist_ok=True)
-                self._lock.enter_context(_locked(self.save_dir))
+                self._lock.enter_context(locked_save_dir(self.save_dir))
                 _remove_temporaries(self.save_dir)
                 self.stats.read()
                 if not existing:

@@ -1,0 +1,12 @@
+"""Ours: labels from people, which the original could not collect (its labels came from a vendor's labelers).
+
+- questions.py: the questions, a query and a policy's responses that pass the task's truncation filter
+  (forms: one policy's, or the paper's validation form, initial model against trained policy);
+- store.py: a labeling session on disk, every answer kept as it is given, the labels in the original's format;
+- server.py and page/: the labeling page in a browser and its JSON API (several labelers at once);
+- command.py: `python launch.py label EXPERIMENT NAME`;
+- export.py: `python launch.py export_labels DIR --out HF_DIR`, the labels as TRL's preference pairs.
+
+The paper's online loop (the reward model retrained on labels of the policy's samples as PPO goes) uses the
+same questions and sessions: lm_human_preferences/online/.
+"""

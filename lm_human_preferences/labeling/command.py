@@ -1,0 +1,197 @@
+"""Ours: `python launch.py label EXPERIMENT NAME`: people label questions of the experiment's task in a browser.
+
+The questions come from the task's initial model (or --policy SAVE_DIR: a train_policy run's policy; or
+--validation SAVE_DIR: the paper's validation form, two responses from the initial model and two from the run's
+policy), made a batch at a time as they are needed; the labels go to <save_dir>/NAME/labels.json in the
+original's format (store.py), which train_reward reads with --labels.source. Rerunning the same command goes on
+with the same session: what was answered stays answered.
+"""
+
+import importlib
+import os
+import sys
+import threading
+import time
+
+from lm_human_preferences import label_types, lm_tasks
+from lm_human_preferences.labeling import questions as questions_module
+from lm_human_preferences.labeling.server import LabelServer, is_loopback
+from lm_human_preferences.labeling.store import LabelStore, SESSION_FILE, parse_labelers
+from lm_human_preferences.language import trained_models
+from lm_human_preferences.policy import Policy
+from lm_human_preferences.training import run as run_module
+from lm_human_preferences.utils import core as utils
+from lm_human_preferences.utils import gcs, stopping
+
+QUESTION_BATCH = 16  # questions made at a time: a person's next minutes
+
+
+def default_save_dir():
+    """Where label sessions go unless --save_dir says: <datasets dir>/labels (kept: people's work is data)."""
+    return os.path.join(gcs.datasets_dir(), 'labels')
+
+
+def instruction(experiment, label_type, offline=None):
+    """What the page asks: the experiment's question for the label type's form (the offline experiments: their
+    labeler's rule in words)."""
+    key = next(iter(label_types.get(label_type).label_schemas()))
+    table = offline.labeler.instruction if offline is not None else questions_module.INSTRUCTIONS.get(experiment)
+    if table is None:
+        table = questions_module.GENERIC_INSTRUCTION
+    return table[key]
+
+
+def _policy(model, task):
+    policy = Policy.for_task(model, task).to(utils.get_device())
+    policy.requires_grad_(False)
+    return policy
+
+
+def _run_policy(save_dir, task):
+    """The policy of a train_policy save dir, for task (its run must have been on the same task's queries)."""
+    from lm_human_preferences import train_policy  # lazily: it pulls in the trainers
+    hparams_path = os.path.join(save_dir, 'train_policy_hparams.json')
+    if not os.path.isfile(hparams_path):
+        raise ValueError(f'{save_dir} is no train_policy save dir ({hparams_path} is missing)')
+    run_hparams = train_policy.HParams()
+    run_hparams.override_from_json_file(hparams_path)
+    for k in ('query_dataset', 'query_length', 'response_length', 'query_prefix', 'query_suffix'):
+        if getattr(run_hparams.task, k) != getattr(task, k):
+            raise ValueError(f"{save_dir}'s run had task.{k} {getattr(run_hparams.task, k)!r}, this session "
+                             f"{getattr(task, k)!r}: its policy answers another task's queries")
+    model = trained_models.TrainedModel(name='policy', savedir=os.path.join(save_dir, 'policy'))
+    return _policy(model, task), model.checkpoint()
+
+
+def label_session(hparams, *, experiment, offline, policy=None, validation=None, num=100, labelers=None,
+                  host='127.0.0.1', port=0, overlap=0.05, question_batch=QUESTION_BATCH):
+    """Serve the session in hparams.run.save_dir (a train_reward experiment's hparams: its task, labels.type and
+    run.seed) until num labels are given; returns the store. offline: the OfflineExperiment (or None)."""
+    task, label_type, seed = hparams.task, hparams.labels.type, hparams.run.seed or 0
+    directory = hparams.run.save_dir
+    if policy is not None and validation is not None:
+        raise ValueError('--policy and --validation both name a run: give one (--validation asks about the '
+                         'initial model and that run\'s policy side by side)')
+    if offline is not None:
+        offline_experiment = importlib.import_module('lm_human_preferences.offline.experiment')
+        offline_experiment.resolve_initial_model(offline, task, run_seed=hparams.run.seed)
+    initial_model = trained_models.TrainedModel(task.policy.initial_model)
+    run_dir = policy or validation
+    origin = dict(form='validation' if validation else 'policy', initial_model=initial_model.checkpoint(),
+                  run=os.path.abspath(run_dir) if run_dir else None)
+    with run_module.locked_save_dir(_made(directory)):
+        if os.path.isfile(os.path.join(directory, SESSION_FILE)):
+            store = LabelStore(directory)
+            _check_same_session(store, directory, label_type=label_type, origin=origin)
+            if labelers is not None and store.session['labelers'] is None:
+                raise ValueError(f'{directory} is an open session (anyone names themselves): --labelers can only be '
+                                 f'given when a session starts')
+            store.set_target(num)
+        else:
+            store = LabelStore.create(
+                directory, label_type=label_type, instruction=instruction(experiment, label_type, offline),
+                texts=dict(encoding=initial_model.encoding.name, query_prefix=task.query_prefix,
+                           query_suffix=task.query_suffix),
+                labelers=parse_labelers(labelers), overlap=overlap, target=num, seed=seed, origin=origin)
+        if not is_loopback(host) and store.session['labelers'] is None:
+            raise ValueError(f'--host {host} opens the page beyond this machine: name the labelers with --labelers '
+                             f'a,b,... so that each gets a link with a secret of their own')
+        return _serve(store, task=task, label_type=label_type, seed=seed, initial_model=initial_model,
+                      run_dir=run_dir, validation=validation is not None, host=host, port=port,
+                      question_batch=question_batch)
+
+
+def _made(directory):
+    os.makedirs(directory, exist_ok=True)
+    return directory
+
+
+def _check_same_session(store, directory, *, label_type, origin):
+    recorded = store.session
+    if recorded['label_type'] != label_type or recorded['origin'] != origin:
+        raise ValueError(f'{directory} holds another session ({recorded["label_type"]} questions, '
+                         f'{recorded["origin"]}): give this one another NAME (or --save_dir)')
+
+
+def _serve(store, *, task, label_type, seed, initial_model, run_dir, validation, host, port, question_batch):
+    rho = _policy(initial_model, task)
+    if run_dir is None:
+        policy, initial = rho, None
+    else:
+        policy, _ = _run_policy(run_dir, task)
+        initial = rho if validation else None
+    source = questions_module.QuestionSource(task=task, label_type=label_type, policy=policy, initial=initial,
+                                             size=question_batch, seed=seed, origin=store.session['origin'])
+
+    def more_questions(store):
+        made = source.batch(store.batches)
+        store.add_questions(made)
+        return bool(made)
+
+    server = LabelServer(host=host, port=port, more_questions=more_questions)
+    server.set_session(store)
+    if not store.order:
+        more_questions(store)
+    _announce(store, server, task, run_dir, validation)
+    server.start()
+    try:
+        _wait(store, server)
+    except KeyboardInterrupt as e:
+        print(f'\nlabel stopped by {stopping.signal_name(getattr(e, "signum", 2))}: {store.progress()["done"]} labels '
+              f'are saved in {store.directory}; rerunning the same command goes on from there', file=sys.stderr)
+        e.reported = True
+        raise
+    finally:
+        server.stop()
+        store.close_files()
+    _finish(store)
+    return store
+
+
+def _announce(store, server, task, run_dir, validation):
+    origin = ('the initial model' if run_dir is None else
+              f'the initial model and the policy of {run_dir} (two each)' if validation else f'the policy of {run_dir}')
+    print(f'label: {store.target} {store.label_type} labels of {task.query_dataset} queries, responses of {origin}, '
+          f'saved in {store.directory} as they are given')
+    print(f'  asks: {store.session["instruction"]}')
+    if store.session['labelers'] is None:
+        print(f'  open {server.link()} in a browser (each labeler gives a name; ?labeler=NAME in the link)')
+    else:
+        for name, key in store.session['labelers'].items():
+            print(f'  {name}: {server.link(name, key)}')
+    print('  Ctrl-C stops; rerunning the same command goes on where it stopped', flush=True)
+
+
+def _status(store):
+    p = store.progress()
+    per = ', '.join(f'{k} {v["answers"]}' for k, v in store.log_summary().items())
+    agreement = store.agreement()
+    agree = (f'; agreement {agreement["agree"]:.0%} on {agreement["pairs"]} questions asked twice'
+             + (f' (chance {agreement["chance"]:.0%})' if agreement['chance'] else '') if agreement['pairs'] else '')
+    return f'{p["done"]}/{p["target"]} labels' + (f' ({per})' if per else '') + agree
+
+
+def _wait(store, server, poll_s=0.5):
+    """Until the labels wanted are given: a line each time the count changes (at most every 5 s), the next batch
+    of questions made ahead when fewer than half a batch are open."""
+    last, printed = None, 0.0
+    while not store.complete():
+        time.sleep(poll_s)
+        if store.unasked() < QUESTION_BATCH // 2:
+            with server.making:
+                server.more_questions(store)
+        done = store.progress()['done']
+        if done != last and time.time() - printed >= 5:
+            print(f'[label: {_status(store)}]', flush=True)
+            last, printed = done, time.time()
+    time.sleep(1.0)  # the last answer's page asks for its next question: it learns the session is done
+
+
+def _finish(store):
+    n = store.progress()['done']
+    directory = store.directory
+    print(f'label done: {_status(store)}')
+    print(f'  labels:  {os.path.join(directory, "labels.json")} (the original\'s format)')
+    print(f'  log:     {os.path.join(directory, "answers.jsonl")} (who, when, how long, the order shown, skips)')
+    print(f'  for TRL: python launch.py export_labels {directory} --out HF_DIR')
+    return n

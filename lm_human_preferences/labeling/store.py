@@ -1,0 +1,493 @@
+"""Ours: a labeling session on disk: its questions, every answer as it is given, and the labels in the
+original's JSON format.
+
+    <dir>/session.json     what is asked, written once: the label type, the instruction, the decoded texts'
+                           settings, the labelers and their secrets, the share of questions asked twice
+    <dir>/questions.jsonl  the questions, appended a batch at a time: each line a question's fields as
+                           label_types defines them (token ids, padded), its id, its batch and where its
+                           responses came from
+    <dir>/answers.jsonl    every event when it happens, fsynced before it is acknowledged: an answer (who,
+                           the label, the order the responses were shown in, when it was shown and answered),
+                           a skip, an undo, the session's close
+    <dir>/labels.json      the answers as the original's label records ({query, sample0..3, best} for best_of_4),
+                           in the order they were given: train_reward's labels.source reads it unchanged
+
+answers.jsonl is the truth: labels.json is written from it (atomically) after every event and when the store
+opens. A kill -9 loses at most the event being written (a torn last line is dropped when the store opens) and
+a batch of questions being appended (no question of it was shown: the batch is made again, the same).
+
+Who is asked what (`next_for`): a labeler never gets a question they answered or skipped. A question wants one
+answer, or two from different labelers when it is one of the share asked twice (`overlap`, for agreement); a
+labeler is first offered such a question that someone else has answered. A question shown to a labeler is
+theirs (a lease) until they answer, skip or take LEASE_S seconds, so that two people are not asked the same
+question at once; a reload shows them the same question in the same order.
+"""
+
+import hashlib
+import hmac
+import json
+import os
+import random
+import re
+import secrets
+import threading
+import time
+
+from lm_human_preferences import label_types
+from lm_human_preferences.utils import files
+
+SESSION_FILE = 'session.json'
+QUESTIONS_FILE = 'questions.jsonl'
+ANSWERS_FILE = 'answers.jsonl'
+LABELS_FILE = 'labels.json'
+LEASE_S = 600  # how long a question shown to a labeler stays theirs
+LABELER_NAME = re.compile(r'[A-Za-z0-9_.-]{1,40}')
+# The scales a person answers on: scalar_rating's score (1 worst .. 7 best) and scalar_compare's difference
+# (sample1's reward minus sample0's, as label_types.ScalarComparison reads it: -3 .. 3).
+RATING_SCALE = (1, 7)
+COMPARE_SCALE = (-3, 3)
+
+
+class LabelingError(ValueError):
+    """A request the store refuses, changing nothing; status is the HTTP status the server answers with."""
+
+    def __init__(self, message, status=400):
+        super().__init__(message)
+        self.status = status
+
+
+def check_labeler_name(name):
+    if not isinstance(name, str) or not LABELER_NAME.fullmatch(name):
+        raise LabelingError(f'labeler name {name!r}: use 1 to 40 letters, digits, "_", "." or "-"', 400)
+    return name
+
+
+def parse_labelers(text):
+    """--labelers 'alice,bob' -> {name: a new secret}; None -> None (anyone names themselves)."""
+    if text is None:
+        return None
+    names = [n.strip() for n in str(text).split(',') if n.strip()]
+    if not names:
+        raise ValueError(f"--labelers {text!r}: give names separated by commas, e.g. --labelers alice,bob")
+    for name in names:
+        try:
+            check_labeler_name(name)
+        except LabelingError as e:
+            raise ValueError(f'--labelers: {e}') from None
+    if len(set(names)) != len(names):
+        raise ValueError(f'--labelers {text!r} names someone twice')
+    return {name: secrets.token_urlsafe(16) for name in names}
+
+
+def sample_keys(label_type):
+    """The fields of a question of label_type that hold responses, in order (sample0.., or sample)."""
+    schemas = label_types.get(label_type).question_schemas(query_length=1, response_length=1)
+    return [k for k in schemas if k != 'query']
+
+
+def label_key(label_type):
+    return next(iter(label_types.get(label_type).label_schemas()))
+
+
+def overlap_question(index, share):
+    """Whether question number `index` (0-based) is one of the share asked twice: exactly that share of every
+    run of questions, spread evenly (floor((i + 1) * share) > floor(i * share))."""
+    return int((index + 1) * share) > int(index * share)
+
+
+def _append_line(f, record):
+    f.write((json.dumps(record) + '\n').encode())
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _read_lines(path, *, repair=True):
+    """The JSON lines of path; a last line cut off by a kill (no newline, or not JSON) is dropped (and, with
+    repair, cut from the file, so that the next append starts a line of its own). A damaged line before others:
+    ValueError."""
+    if not os.path.exists(path):
+        return []
+    with open(path, 'rb') as f:
+        lines = f.readlines()
+    records, good_bytes = [], 0
+    for i, line in enumerate(lines):
+        try:
+            record = json.loads(line) if line.endswith(b'\n') else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            record = None
+        if not isinstance(record, dict):
+            if i == len(lines) - 1:
+                if repair:
+                    with open(path, 'r+b') as f:
+                        f.truncate(good_bytes)
+                break
+            raise ValueError(f'{path} line {i + 1} is no JSON record, with lines after it: the file is damaged '
+                             f'(no write of ours leaves that)')
+        records.append(record)
+        good_bytes += len(line)
+    return records
+
+
+class LabelStore:
+    """A labeling session's files (see the module's docstring), safe to use from the server's threads."""
+
+    def __init__(self, directory, *, writable=True):
+        """Open the session in directory (made by LabelStore.create); writable False: to read it (while another
+        process may serve it), nothing written."""
+        self.directory = directory
+        path = os.path.join(directory, SESSION_FILE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f'{directory} holds no labeling session ({SESSION_FILE} is missing)')
+        with open(path) as f:
+            self.session = json.load(f)
+        self.label_type = self.session['label_type']
+        self.sample_keys = sample_keys(self.label_type)
+        self.label_key = label_key(self.label_type)
+        self._lock = threading.RLock()
+        self.questions = {}  # id -> question record (as in questions.jsonl)
+        self.order = []  # question ids in the order they were added
+        self.answers = {}  # question id -> [answer events, in order]
+        self.done_by = {}  # labeler -> {question id: 'answer' | 'skip'}
+        self.history = {}  # labeler -> [their answer and skip events not undone, in order]
+        self.events = []  # every answer event not undone, in order: the labels
+        self.closed = False
+        self.leases = {}  # labeler -> (question id, time shown)
+        self.writable = writable
+        for question in _read_lines(os.path.join(directory, QUESTIONS_FILE), repair=writable):
+            self._add_question(question)
+        self._drop_partial_batch()
+        for event in _read_lines(os.path.join(directory, ANSWERS_FILE), repair=writable):
+            self._apply(event)
+        self._questions_file = self._answers_file = None
+        if writable:
+            self._questions_file = open(os.path.join(directory, QUESTIONS_FILE), 'ab')
+            self._answers_file = open(os.path.join(directory, ANSWERS_FILE), 'ab')
+            self._write_labels()
+
+    @classmethod
+    def create(cls, directory, *, label_type, instruction, texts, labelers=None, overlap=0.05, target=None,
+               seed=0, origin=None):
+        """A new session in directory (made; it must hold none yet). texts: what the page needs to show the
+        questions (query_prefix, query_suffix, the encoding's name). labelers: {name: secret}, or None: anyone
+        names themselves (loopback only). target: the labels wanted (None: as many as there are questions).
+        origin: what the questions come from (JSON-able, recorded)."""
+        label_types.get(label_type)
+        if not 0 <= overlap < 1:
+            raise ValueError(f'overlap {overlap}: the share of questions asked twice must be at least 0 and under 1')
+        os.makedirs(directory, exist_ok=True)
+        session = dict(label_type=label_type, instruction=instruction, texts=texts, labelers=labelers,
+                       overlap=overlap, target=target, seed=seed, origin=origin, created=time.time())
+        files.atomic_write(os.path.join(directory, SESSION_FILE), json.dumps(session, indent=1).encode())
+        return cls(directory)
+
+    def close_files(self):
+        for f in (self._questions_file, self._answers_file):
+            if f is not None:
+                f.close()
+
+    # -------------------------------------------------------------------------------------------------
+    # Questions
+
+    def _add_question(self, question):
+        self.questions[question['id']] = question
+        self.order.append(question['id'])
+
+    def _drop_partial_batch(self):
+        """A batch cut off by a kill (fewer lines than its size): dropped from the file and from memory (none of
+        it was shown: a batch is served only once it is all on disk)."""
+        if not self.order:
+            return
+        last = self.questions[self.order[-1]]
+        batch = [i for i in self.order if self.questions[i]['batch'] == last['batch']]
+        if len(batch) == last['batch_size']:
+            return
+        for i in batch:
+            del self.questions[i]
+        self.order = self.order[:-len(batch)]
+        if self.writable:
+            kept = b''.join((json.dumps(self.questions[i]) + '\n').encode() for i in self.order)
+            files.atomic_write(os.path.join(self.directory, QUESTIONS_FILE), kept)
+
+    @property
+    def batches(self):
+        """The number of question batches added (the next one's index)."""
+        return 1 + self.questions[self.order[-1]]['batch'] if self.order else 0
+
+    def add_questions(self, questions):
+        """Append a batch of questions (dicts holding the label type's question fields, plus anything JSON-able
+        to keep with them, e.g. `origin`); returns their ids. The batch is on disk before any is served."""
+        with self._lock:
+            batch, start = self.batches, len(self.order)
+            added = []
+            for j, question in enumerate(questions):
+                missing = [k for k in ['query'] + self.sample_keys if k not in question]
+                if missing:
+                    raise ValueError(f'a question lacks {missing} (label type {self.label_type})')
+                index = start + j
+                record = dict(question, id=f'q{index:06d}', batch=batch, batch_size=len(questions),
+                              overlap=overlap_question(index, self.session['overlap']))
+                self._questions_file.write((json.dumps(record) + '\n').encode())
+                added.append(record)
+            self._questions_file.flush()
+            os.fsync(self._questions_file.fileno())
+            for record in added:
+                self._add_question(record)
+            return [r['id'] for r in added]
+
+    def shown_order(self, question_id, labeler):
+        """The order a labeler sees the question's responses in: a permutation of the sample indices, the same
+        every time they are shown it (derived from the session's seed, the question and the labeler)."""
+        digest = hashlib.sha256(f'{self.session["seed"]}|{question_id}|{labeler}'.encode()).digest()
+        order = list(range(len(self.sample_keys)))
+        random.Random(digest).shuffle(order)
+        return order
+
+    # -------------------------------------------------------------------------------------------------
+    # Who is asked what
+
+    def wanted(self, question_id):
+        """The answers a question wants: 2 for the share asked twice, else 1."""
+        return 2 if self.questions[question_id]['overlap'] else 1
+
+    @property
+    def target(self):
+        """The labels wanted: the session's target, or (None) every answer its questions want."""
+        target = self.session['target']
+        return sum(self.wanted(q) for q in self.order) if target is None else target
+
+    def set_target(self, target):
+        with self._lock:
+            self.session['target'] = target
+
+    def unasked(self, now=None):
+        """Questions nobody has answered or is being shown (the queue ahead)."""
+        now = time.time() if now is None else now
+        with self._lock:
+            leased = {q for q, shown in self.leases.values() if now - shown < LEASE_S}
+            return sum(1 for q in self.order if q not in self.answers and q not in leased)
+
+    def complete(self):
+        """Whether the labels wanted are all given."""
+        return len(self.events) >= self.target
+
+    def check_labeler(self, labeler, key=None):
+        """The labeler's name if they may label (named in the session with this secret, or any name in an open
+        session); LabelingError 403 otherwise."""
+        check_labeler_name(labeler)
+        secrets = self.session['labelers']
+        if secrets is not None:
+            # hmac: a comparison in constant time
+            if labeler not in secrets or not isinstance(key, str) or not hmac.compare_digest(secrets[labeler], key):
+                raise LabelingError(f'labeler {labeler!r} is not named in this session or its key is wrong: use '
+                                    f'the link printed for you', 403)
+        return labeler
+
+    def _available(self, question_id, labeler, now):
+        if question_id in self.done_by.get(labeler, {}):
+            return False
+        answers = self.answers.get(question_id, [])
+        leased = sum(1 for other, (q, shown) in self.leases.items()
+                     if other != labeler and q == question_id and now - shown < LEASE_S)
+        return len(answers) + leased < self.wanted(question_id)
+
+    def next_for(self, labeler, now=None):
+        """The question to show the labeler next, with the order of its responses: (question, order), or None
+        when nothing is left for them (the session complete, closed, or every open question theirs already or
+        someone else's)."""
+        now = time.time() if now is None else now
+        with self._lock:
+            if self.closed or self.complete():
+                return None
+            lease = self.leases.get(labeler)
+            if lease is not None and lease[0] not in self.done_by.get(labeler, {}) and \
+                    len(self.answers.get(lease[0], [])) < self.wanted(lease[0]):
+                question_id = lease[0]
+            else:
+                # Second answers first (agreement), then questions nobody answered, in the order added.
+                seconds = [q for q in self.answers if self.wanted(q) == 2 and self._available(q, labeler, now)]
+                fresh = (q for q in self.order if q not in self.answers and self._available(q, labeler, now))
+                question_id = seconds[0] if seconds else next(fresh, None)
+                if question_id is None:
+                    self.leases.pop(labeler, None)
+                    return None
+                self.leases[labeler] = (question_id, now)
+            return self.questions[question_id], self.shown_order(question_id, labeler)
+
+    # -------------------------------------------------------------------------------------------------
+    # Answers
+
+    def _question_for(self, labeler, question_id):
+        if question_id not in self.questions:
+            raise LabelingError(f'unknown question {question_id!r}', 404)
+        if self.closed:
+            raise LabelingError('this session is closed: it takes no more answers', 409)
+        done = self.done_by.get(labeler, {}).get(question_id)
+        if done is not None:
+            raise LabelingError(f'question {question_id} was {"answered" if done == "answer" else "skipped"} by '
+                                f'{labeler} already', 409)
+        if len(self.answers.get(question_id, [])) >= self.wanted(question_id):
+            raise LabelingError(f'question {question_id} has all the answers it wants (another labeler answered '
+                                f'it)', 409)
+        return self.questions[question_id]
+
+    def label_of(self, choice, order):
+        """The label (the original's field and value) of a person's choice on the page, given the order the
+        responses were shown in: best_of_N, the position picked (0-based) -> `best`, the sample's index;
+        scalar_rating, a score on RATING_SCALE; scalar_compare, a value on COMPARE_SCALE, positive when the
+        second shown response is better -> `difference`, sample1's minus sample0's."""
+        if isinstance(choice, bool) or not isinstance(choice, (int, float)):
+            raise LabelingError(f'choice {choice!r}: expected a number', 400)
+        if self.label_key == 'best':
+            if not isinstance(choice, int) or not 0 <= choice < len(order):
+                raise LabelingError(f'choice {choice!r}: pick a response by its position, 0 to {len(order) - 1}', 400)
+            return order[choice]
+        low, high = RATING_SCALE if self.label_key == 'score' else COMPARE_SCALE
+        if not low <= choice <= high:
+            raise LabelingError(f'choice {choice!r}: expected a number from {low} to {high}', 400)
+        if self.label_key == 'difference':
+            return float(choice) if order == [0, 1] else -float(choice)
+        return float(choice)
+
+    def _log(self, event):
+        _append_line(self._answers_file, event)
+        self._apply(event)
+        self._write_labels()
+
+    def answer(self, labeler, question_id, choice, *, client_seconds=None, now=None):
+        """Record the labeler's answer to the question (choice: as label_of reads it); returns the event.
+        LabelingError (nothing changes) for an unknown question, a second answer, a bad choice."""
+        now = time.time() if now is None else now
+        with self._lock:
+            self._question_for(labeler, question_id)
+            order = self.shown_order(question_id, labeler)
+            label = self.label_of(choice, order)
+            lease = self.leases.get(labeler)
+            shown = lease[1] if lease is not None and lease[0] == question_id else None
+            event = dict(event='answer', question=question_id, labeler=labeler, label={self.label_key: label},
+                         choice=choice, order=order, shown_at=shown, answered_at=now,
+                         seconds=None if shown is None else round(now - shown, 3), client_seconds=client_seconds)
+            self._log(event)
+            self.leases.pop(labeler, None)
+            return event
+
+    def answer_many(self, labeler, labels, *, now=None):
+        """Record a program's answers at once ({question id: label value (the original's)}), shown in the
+        questions' own order; one fsync for all."""
+        now = time.time() if now is None else now
+        with self._lock:
+            order = list(range(len(self.sample_keys)))
+            for question_id, value in labels.items():
+                self._question_for(labeler, question_id)
+                event = dict(event='answer', question=question_id, labeler=labeler, label={self.label_key: value},
+                             choice=None, order=order, shown_at=None, answered_at=now, seconds=None,
+                             client_seconds=None)
+                self._answers_file.write((json.dumps(event) + '\n').encode())
+                self._apply(event)
+            self._answers_file.flush()
+            os.fsync(self._answers_file.fileno())
+            self._write_labels()
+
+    def skip(self, labeler, question_id, *, now=None):
+        """The labeler passes on the question: never shown to them again, open to others."""
+        now = time.time() if now is None else now
+        with self._lock:
+            self._question_for(labeler, question_id)
+            lease = self.leases.get(labeler)
+            shown = lease[1] if lease is not None and lease[0] == question_id else None
+            self._log(dict(event='skip', question=question_id, labeler=labeler, order=self.shown_order(
+                question_id, labeler), shown_at=shown, answered_at=now,
+                seconds=None if shown is None else round(now - shown, 3)))
+            self.leases.pop(labeler, None)
+
+    def undo(self, labeler, *, now=None):
+        """Take back the labeler's last answer or skip (not one already undone): its question is theirs again,
+        shown next. Returns the question id."""
+        now = time.time() if now is None else now
+        with self._lock:
+            if self.closed:
+                raise LabelingError('this session is closed: its answers are final', 409)
+            history = self.history.get(labeler, [])
+            if not history:
+                raise LabelingError(f'{labeler} has no answer or skip to undo', 409)
+            question_id = history[-1]['question']
+            self._log(dict(event='undo', question=question_id, labeler=labeler, at=now))
+            self.leases[labeler] = (question_id, now)
+            return question_id
+
+    def close(self):
+        """No more answers or undos (the online loop has read the labels)."""
+        with self._lock:
+            if not self.closed:
+                self._log(dict(event='close', at=time.time()))
+
+    def _apply(self, event):
+        kind = event['event']
+        if kind == 'close':
+            self.closed = True
+            return
+        labeler, question_id = event['labeler'], event['question']
+        if kind == 'undo':
+            undone = self.history[labeler].pop()
+            del self.done_by[labeler][question_id]
+            if undone['event'] == 'answer':
+                self.answers[question_id].remove(undone)
+                if not self.answers[question_id]:
+                    del self.answers[question_id]
+                self.events.remove(undone)
+            return
+        self.done_by.setdefault(labeler, {})[question_id] = kind
+        self.history.setdefault(labeler, []).append(event)
+        if kind == 'answer':
+            self.answers.setdefault(question_id, []).append(event)
+            self.events.append(event)
+
+    # -------------------------------------------------------------------------------------------------
+    # What the answers give
+
+    def label_records(self):
+        """The labels as the original's records: the question's fields and the label, in the order given."""
+        with self._lock:
+            fields = ['query'] + self.sample_keys
+            return [dict({k: self.questions[e['question']][k] for k in fields}, **e['label']) for e in self.events]
+
+    def _write_labels(self):
+        files.atomic_write(os.path.join(self.directory, LABELS_FILE), json.dumps(self.label_records()).encode())
+
+    def progress(self, labeler=None):
+        """{done: labels given, target, mine: the labeler's answers, skipped: theirs}."""
+        with self._lock:
+            mine = self.done_by.get(labeler, {}).values()
+            return dict(done=len(self.events), target=self.target, mine=sum(1 for v in mine if v == 'answer'),
+                        skipped=sum(1 for v in mine if v == 'skip'))
+
+    def agreement(self):
+        """How often two labelers of a question asked twice agree: best_of_N, the same pick (chance 1/N);
+        scalar_compare, the same sign of the difference; scalar_rating, scores within 1 of each other. Returns
+        dict(pairs, agree: the share, or None without pairs, chance: best_of_N's)."""
+        with self._lock:
+            pairs = [a for a in self.answers.values() if len(a) >= 2]
+        same = {'best': lambda x, y: x == y, 'difference': lambda x, y: (x > 0) - (x < 0) == (y > 0) - (y < 0),
+                'score': lambda x, y: abs(x - y) <= 1}[self.label_key]
+        agree = [same(a[0]['label'][self.label_key], a[1]['label'][self.label_key]) for a in pairs]
+        return dict(pairs=len(pairs), agree=sum(agree) / len(agree) if agree else None,
+                    chance=1 / len(self.sample_keys) if self.label_key == 'best' else None)
+
+    def policy_wins(self):
+        """For best_of_N questions in the validation form (their `pi_samples`: the indices sampled from the
+        trained policy pi, the others from the initial one rho), the share of answers that picked a sample of pi
+        (0.5 by chance with as many of each), and their number: dict(wins, answers)."""
+        with self._lock:
+            picks = [e['label']['best'] in self.questions[e['question']]['pi_samples'] for e in self.events
+                     if self.label_key == 'best' and self.questions[e['question']].get('pi_samples')]
+        return dict(wins=sum(picks) / len(picks) if picks else None, answers=len(picks))
+
+    def log_summary(self):
+        """Per labeler: answers, skips, median seconds an answer took (as the server timed them)."""
+        with self._lock:
+            summary = {}
+            for labeler, history in self.history.items():
+                seconds = sorted(e['seconds'] for e in history if e['event'] == 'answer' and e['seconds'] is not None)
+                summary[labeler] = dict(answers=sum(1 for e in history if e['event'] == 'answer'),
+                                        skips=sum(1 for e in history if e['event'] == 'skip'),
+                                        median_seconds=seconds[len(seconds) // 2] if seconds else None)
+            return summary

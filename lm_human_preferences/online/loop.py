@@ -1,0 +1,429 @@
+"""Ours: the paper's online data collection, which the original code did not ship (it trained the reward model
+once, before RL). From the paper: "we train the reward model before the first PPO episode, and then retrain it
+19 more times at evenly spaced values. Each time we retrain we reinitialize r to a random linear layer on top of
+rho and do a single epoch through the labels collected so far"; validation questions (x ~ D; y0, y1 ~ rho;
+y2, y3 ~ pi) were asked at a constant rate, their labels say how often pi beats rho, and they joined the
+reward model's training labels.
+
+With `--online.retrains K`, train_policy trains the reward model on the labels at hand (rewards.train_new_model,
+as without it), then at K evenly spaced PPO steps (step k * nupdates // (K + 1), k = 1..K):
+1. ask: questions of the current policy pi (and a share in the validation form, rho against pi) go to the
+   labeler, a program (the offline experiments' labelers) or people on the labeling page (PPO waits for them);
+2. retrain: train_reward from a fresh head on rho, one epoch over every label so far (the first training's,
+   then each round's), normalized as the original normalizes (normalize_before / normalize_after);
+3. PPO goes on against the new reward model, from the state it saved at that step.
+Every step is where a rerun resumes: a round's questions and answers are a labeling session (labeling/store.py),
+its retraining a train_reward run with its own training states, and PPO continues from its state saved at the
+round's step (also when nothing was interrupted: so a resumed run is the same, bit for bit, with a program).
+
+    <save_dir>/online/round-<k>/        round k's labeling session (questions, answers log, labels.json)
+    <save_dir>/online/round-<k>/done.json   what the round gave (written last: the round is finished)
+    <save_dir>/online/reward-<k>/       round k's train_reward run: labels.json (every label so far, then the
+                                        first training's held-out ones), reward_model/, its stats
+    <save_dir>/online/labelers.json     the labelers' secrets (people: the same links in every round)
+"""
+
+import contextlib
+import copy
+import importlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from lm_human_preferences import label_types
+from lm_human_preferences.labeling import questions as questions_module
+from lm_human_preferences.labeling.server import LabelServer, is_loopback
+from lm_human_preferences.labeling.store import LabelStore, SESSION_FILE, parse_labelers
+from lm_human_preferences.rewards import TrainedRewardModel
+from lm_human_preferences.training.run import PRINT_EVERY_S
+from lm_human_preferences.utils import core as utils
+from lm_human_preferences.utils import files, hyperparams
+
+# The program labelers (the offline experiments' own): name -> the package whose EXPERIMENT has it.
+PROGRAM_LABELERS = dict(rule='lm_human_preferences.demo', vader='lm_human_preferences.sentiment_mini')
+PEOPLE = 'people'
+QUESTION_BATCH = 16  # questions added at a time when people skip more than the round's reserve
+
+
+@dataclass
+class OnlineHParams(hyperparams.HParams):
+    retrains: int = 0  # K: after the first training, the reward model is retrained K times as PPO goes (0: off)
+    num_labels: Optional[int] = None  # new labels over all K rounds (default: K * labels.num_train)
+    split: str = 'even'  # how num_labels divide over the rounds: 'even', or K weights 'w1,w2,...'
+    labeler: Optional[str] = None  # 'people' (the labeling page), or a program: 'rule' (demo), 'vader' (sentiment_mini)
+    validation_share: float = 0.1  # of each round's questions, the share in the validation form (rho against pi)
+    host: str = '127.0.0.1'  # people: the page's address (another than loopback needs labelers)
+    port: int = 8765
+    labelers: Optional[str] = None  # people: 'alice,bob', a link with a secret each (None: anyone names themselves)
+
+    def validate(self, *, prefix=''):
+        super().validate(prefix=prefix)
+        require = hyperparams.require
+        require(self.retrains >= 0, prefix + 'retrains', self.retrains, 'it must be at least 0 (0: off)')
+        require(self.num_labels is None or self.num_labels > 0, prefix + 'num_labels', self.num_labels,
+                'it must be at least 1')
+        require(hyperparams.nonnegative(self.validation_share) and self.validation_share < 1,
+                prefix + 'validation_share', self.validation_share, 'it must be a number from 0 to under 1')
+        if self.retrains:
+            require(self.labeler in (PEOPLE, *PROGRAM_LABELERS), prefix + 'labeler', self.labeler,
+                    f"with {prefix}retrains, name who labels: '{PEOPLE}' (the labeling page), or a program: "
+                    + ', '.join(f"'{k}' ({v.rsplit('.', 1)[1]}'s)" for k, v in PROGRAM_LABELERS.items()))
+            split_weights(self, prefix=prefix)
+            if self.labeler == PEOPLE and not is_loopback(self.host):
+                require(self.labelers is not None, prefix + 'labelers', self.labelers,
+                        f'with {prefix}host {self.host} (beyond this machine) name the labelers, e.g. alice,bob: '
+                        f'each gets a link with a secret')
+            if self.labelers is not None:
+                try:
+                    parse_labelers(self.labelers)
+                except ValueError as e:
+                    raise hyperparams.HParamValueError(f"hyperparameter '{prefix}labelers': {e}") from None
+
+
+def split_weights(online, *, prefix=''):
+    """The rounds' weights: [1] * K for 'even', else the K numbers of online.split."""
+    if online.split == 'even':
+        return [1.0] * online.retrains
+    try:
+        weights = [float(w) for w in online.split.split(',')]
+    except ValueError:
+        weights = []
+    hyperparams.require(len(weights) == online.retrains and all(hyperparams.positive(w) for w in weights),
+                        prefix + 'split', online.split,
+                        f"'even', or {online.retrains} positive weights separated by commas (one a round)")
+    return weights
+
+
+def round_sizes(hparams):
+    """The new labels of each round: online.num_labels split by the weights, each a multiple of the reward
+    model's batch_size (an epoch is whole minibatches), the last taking what rounding left."""
+    online, reward = hparams.online, hparams.rewards.train_new_model
+    total = online.num_labels if online.num_labels is not None else online.retrains * reward.labels.num_train
+    weights = split_weights(online)
+    sizes = [int(total * w / sum(weights) / reward.batch_size) * reward.batch_size for w in weights[:-1]]
+    return sizes + [total - sum(sizes)]
+
+
+def retrain_steps(hparams, nupdates):
+    """The PPO steps (batches done) at which the reward model is retrained: evenly spaced, k * nupdates // (K+1)."""
+    k = hparams.online.retrains
+    return [i * nupdates // (k + 1) for i in range(1, k + 1)]
+
+
+def check_hparams(hparams, nupdates, *, prefix=''):
+    """Ours, at launch: what the loop needs of train_policy's other hparams (one line each)."""
+    online = hparams.online
+    if not online.retrains:
+        return
+    reward = hparams.rewards.train_new_model
+    if reward is None:
+        raise ValueError(f'{prefix}online.retrains {online.retrains} retrains the reward model with '
+                         f'{prefix}rewards.train_new_model\'s settings: turn it on (not rewards.trained_model)')
+    total = online.num_labels if online.num_labels is not None else online.retrains * reward.labels.num_train
+    hyperparams.require(total % reward.batch_size == 0, prefix + 'online.num_labels', total,
+                        f'it must be a multiple of {prefix}rewards.train_new_model.batch_size {reward.batch_size} '
+                        f'(each retraining is one epoch of whole minibatches)')
+    sizes = round_sizes(hparams)
+    hyperparams.require(min(sizes) > 0, prefix + 'online.num_labels', total,
+                        f'each of the {online.retrains} rounds needs at least one minibatch of '
+                        f'{reward.batch_size} labels: give at least {online.retrains * reward.batch_size}')
+    hyperparams.require(online.retrains < nupdates, prefix + 'online.retrains', online.retrains,
+                        f'it must be fewer than the run\'s {nupdates} PPO batches (one retraining between batches)')
+    label_type = label_types.get(reward.labels.type)
+    if online.labeler != PEOPLE and not isinstance(label_type, label_types.PickBest):
+        raise ValueError(f"{prefix}online.labeler {online.labeler}: a program labels best_of_N questions, "
+                         f"{prefix}rewards.train_new_model.labels.type is {reward.labels.type}")
+    if online.validation_share and len(questions_module.label_store.sample_keys(reward.labels.type)) % 2:
+        raise ValueError(f'{prefix}online.validation_share {online.validation_share}: validation questions set '
+                         f'rho against pi, which needs two responses or more; {reward.labels.type} has one: set it 0')
+
+
+@contextlib.contextmanager
+def running(loop):
+    """The loop started for the block (None: nothing), its page stopped after it."""
+    if loop is None:
+        yield
+        return
+    loop.start()
+    try:
+        yield
+    finally:
+        loop.stop()
+
+
+def program_labeler(name):
+    """The offline experiment's labeler named `name` (offline/experiment.py's Labeler)."""
+    return importlib.import_module(PROGRAM_LABELERS[name]).EXPERIMENT.labeler
+
+
+class OnlineLoop:
+    """The rounds of a train_policy run (see the module's docstring). train_policy calls start() once PPO has
+    resumed, then before_step() before each PPO batch. save() saves PPO's state at the current step; restore()
+    loads the newest saved one (train_policy.resume)."""
+
+    def __init__(self, hparams, *, ppo_trainer, score_model, run, save, restore, nupdates):
+        self.hparams = hparams
+        self.online = hparams.online
+        self.reward_hparams = hparams.rewards.train_new_model
+        self.ppo_trainer, self.score_model, self.run = ppo_trainer, score_model, run
+        self.save, self.restore = save, restore
+        self.steps = retrain_steps(hparams, nupdates)
+        self.sizes = round_sizes(hparams)
+        self.nupdates = nupdates
+        self.dir = os.path.join(hparams.run.save_dir, 'online')
+        self.label_type = self.reward_hparams.labels.type
+        self.people = self.online.labeler == PEOPLE
+        self.labeler = None if self.people else program_labeler(self.online.labeler)
+        self.server = None
+        self.initial = None  # the first training's labels: (train records, held-out records)
+
+    # ---------------------------------------------------------------------------------------------------
+    def start(self):
+        """At the start (or a resume) of PPO: the reward model of the last round finished at or before this step,
+        and for people the page, up for the whole run."""
+        step = self.ppo_trainer.global_step
+        finished = [k for k, s in enumerate(self.steps, 1) if s <= step and self._finished(k)]
+        if finished:
+            self._load_reward_model(finished[-1])
+        if self.people and utils.is_root():
+            self.server = LabelServer(host=self.online.host, port=self.online.port).start()
+            self.server.set_session(None, self._waiting_message(step))
+            links = self._labeler_secrets()
+            print(f'online: labels from people at {self.server.link()}' + (
+                ''.join(f'\n  {name}: {self.server.link(name, secret)}' for name, secret in links.items())
+                if links else ' (each labeler gives a name)'), flush=True)
+
+    def stop(self):
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def before_step(self):
+        """At a round's step: ask, retrain, reload the reward model and PPO's state (unless the round finished
+        before a resume); then the round's stats at this step."""
+        step = self.ppo_trainer.global_step
+        if step not in self.steps:
+            return
+        k = self.steps.index(step) + 1
+        if not self._finished(k):
+            self.save()  # PPO's state at this step: where it goes on from, after the round and after a resume
+            self._ask(k)
+            results = self._retrain(k)
+            self._finish_round(k, results)
+            self._load_reward_model(k)
+            self.restore()  # the retraining drew from the random streams: PPO takes them back as it saved them
+        with open(self._done_path(k)) as f:
+            stats = json.load(f)['stats']
+        self.run.stats.log(stats, step, log_interval=1)
+
+    # ---------------------------------------------------------------------------------------------------
+    def _round_dir(self, k):
+        return os.path.join(self.dir, f'round-{k}')
+
+    def _done_path(self, k):
+        return os.path.join(self._round_dir(k), 'done.json')
+
+    def _finished(self, k):
+        return os.path.isfile(self._done_path(k))
+
+    def _reward_dir(self, k):
+        return os.path.join(self.dir, f'reward-{k}')
+
+    def _waiting_message(self, step):
+        ahead = [s for s in self.steps if s >= step]
+        return (f'No questions are open: PPO is training (batch {step} of {self.nupdates}); the next questions come at '
+                f'batch {ahead[0]}. This page looks again every few seconds.' if ahead else
+                'No questions are open: the run asks no more. Thank you!')
+
+    def _labeler_secrets(self):
+        """{name: secret} of online.labelers, made once for the run (people keep their links), or {}."""
+        if self.online.labelers is None:
+            return {}
+        path = os.path.join(self.dir, 'labelers.json')
+        if not os.path.isfile(path):
+            os.makedirs(self.dir, exist_ok=True)
+            files.atomic_write(path, json.dumps(parse_labelers(self.online.labelers)).encode())
+        with open(path) as f:
+            secrets = json.load(f)
+        return {name: secrets[name] for name in parse_labelers(self.online.labelers)}
+
+    # ---------------------------------------------------------------------------------------------------
+    # 1. ask
+    def _questions(self, k, *, filtered):
+        """Round k's question sources: (policy form, validation form or None) and their sizes."""
+        size = self.sizes[k - 1]
+        n_validation = int(round(size * self.online.validation_share))
+        seed = (self.hparams.run.seed or 0) * 1000 + k
+        task = self.hparams.task
+        # Queries after those of the first training's labels and the earlier rounds' (the stream repeats).
+        first = len(self._initial_labels()[0]) + len(self._initial_labels()[1]) + sum(self.sizes[:k - 1])
+        common = dict(task=task, label_type=self.label_type, policy=self.ppo_trainer.policy, seed=seed,
+                      filtered=filtered, execution=self.ppo_trainer.execution)
+        policy_form = questions_module.QuestionSource(
+            size=size - n_validation, first_query=first, origin=dict(form='policy', round=k), **common)
+        validation_form = questions_module.QuestionSource(
+            size=n_validation, first_query=first + size - n_validation, initial=self.ppo_trainer.ref_policy,
+            origin=dict(form='validation', round=k), **dict(common, seed=seed + 500)) if n_validation else None
+        return policy_form, validation_form
+
+    def _ask(self, k):
+        """Round k's labels into its session (made once: a rerun goes on with what it holds)."""
+        sources = self._questions(k, filtered=self.people)  # on every process: the query data may be prepared
+        if utils.is_root():
+            store = self._session(k, sources)
+            validation = sum(1 for q in store.order if 'pi_samples' in store.questions[q])
+            print(f'online round {k}/{len(self.steps)} at PPO batch {self.steps[k - 1]}: {store.target} labels of '
+                  f'{len(store.order)} questions of the policy ({validation} in the validation form) from '
+                  + ('people' if self.people else f'the {self.online.labeler} labeler'), flush=True)
+            if self.people:
+                self._wait_for_people(k, store)
+            else:
+                self._label_by_program(k, store)
+            store.close()
+            store.close_files()
+            utils.mpi_bcast(True)
+        else:
+            while not utils.mpi_bcast(None):  # people: the process carrying rank 0 says when they are done
+                pass
+
+    def _session(self, k, sources):
+        directory = self._round_dir(k)
+        if os.path.isfile(os.path.join(directory, SESSION_FILE)):
+            store = LabelStore(directory)
+        else:
+            texts = dict(encoding=self.ppo_trainer.policy.trained_model.encoding.name,
+                         query_prefix=self.hparams.task.query_prefix, query_suffix=self.hparams.task.query_suffix)
+            instruction = (self.labeler.instruction if self.labeler is not None else
+                           questions_module.INSTRUCTIONS.get(self.hparams.task.query_dataset,
+                                                             questions_module.GENERIC_INSTRUCTION))
+            key = next(iter(label_types.get(self.label_type).label_schemas()))
+            store = LabelStore.create(directory, label_type=self.label_type, instruction=instruction[key],
+                                      texts=texts, labelers=self._labeler_secrets() or None,
+                                      overlap=0.05 if self.people else 0.0, target=self.sizes[k - 1],
+                                      seed=self.hparams.run.seed or 0, origin=dict(round=k, step=self.steps[k - 1]))
+        if not store.order:
+            made = []
+            for source in sources:
+                if source is not None:
+                    made += source.batch(0)
+            if self.people:  # the validation questions spread over the round, not all at its end
+                made = [made[i] for i in np.random.RandomState(k).permutation(len(made))]
+            store.add_questions(made)
+        return store
+
+    def _label_by_program(self, k, store):
+        """The program's answer to every question of the round (each from the round's seed and the question's
+        place alone: a rerun after a kill gives the answers not yet written the same values)."""
+        from lm_human_preferences.offline.labels import label_best  # as the offline experiments' labels
+        samples = torch.tensor([[store.questions[q][key] for key in store.sample_keys] for q in store.order])
+        best = label_best(self.labeler, samples, self.ppo_trainer.policy.encoder,
+                          np.random.RandomState((self.hparams.run.seed or 0) * 1000 + k))
+        todo = {q: int(b) for q, b in zip(store.order, best) if q not in store.answers}
+        if todo:
+            store.answer_many(self.online.labeler, todo)
+
+    def _wait_for_people(self, k, store):
+        """Serve the round's questions until its labels are given: a progress line at least every PRINT_EVERY_S
+        seconds with the page's address (the processes not carrying rank 0 wait in short collectives)."""
+        self.server.set_session(store)
+        # Questions beyond the round's: for what people skip.
+        extra = self._questions(k, filtered=True)[0]
+        extra_index = [0]
+
+        def more_questions(store):
+            extra_index[0] += 1
+            made = extra.batch(extra_index[0]) if extra.size else []
+            store.add_questions(made)
+            return bool(made)
+        self.server.more_questions = more_questions
+        printed = 0.0
+        try:
+            while not store.complete():
+                if time.time() - printed >= PRINT_EVERY_S:
+                    p = store.progress()
+                    print(f'[online round {k}/{len(self.steps)}: PPO waits for {p["target"] - p["done"]} more labels '
+                          f'({p["done"]}/{p["target"]} given): label at {self.server.link()}]', flush=True)
+                    printed = time.time()
+                time.sleep(1)
+                utils.mpi_bcast(False)
+        finally:
+            self.server.set_session(None, self._waiting_message(self.steps[k - 1] + 1))
+            self.server.more_questions = None
+
+    # ---------------------------------------------------------------------------------------------------
+    # 2. retrain
+    def _initial_labels(self):
+        """The first training's labels as records: (train, held out)."""
+        if self.initial is None:
+            from lm_human_preferences import train_reward
+            reward = self.reward_hparams
+            label_type = label_types.get(reward.labels.type)
+            schemas = label_type.question_schemas(query_length=self.hparams.task.query_length,
+                                                  response_length=self.hparams.task.response_length)
+            encoding = self.ppo_trainer.policy.trained_model.encoding
+            train, held_out = train_reward.download_labels(
+                reward.labels.source, label_type, schemas, reward.labels.num_train, n_vocab=encoding.n_vocab,
+                padding_token=self.ppo_trainer.policy.padding_token)
+
+            def records(labels):
+                if labels is None:
+                    return []
+                n = len(next(iter(labels.values())))
+                return [{key: value[i].tolist() for key, value in labels.items()} for i in range(n)]
+            self.initial = records(train), records(held_out)
+        return self.initial
+
+    def _retrain(self, k):
+        """train_reward on every label so far, from a fresh head on rho, in round k's run dir; its results."""
+        from lm_human_preferences import train_reward
+        hparams = copy.deepcopy(self.reward_hparams)
+        hparams.run.save_dir = self._reward_dir(k)
+        labels_path = os.path.join(hparams.run.save_dir, 'labels.json')
+        train, held_out = self._initial_labels()
+        train = list(train)
+        for j in range(1, k + 1):
+            with open(os.path.join(self._round_dir(j), 'labels.json')) as f:
+                train += json.load(f)[:self.sizes[j - 1]]  # answers past the round's size (people) wait unused
+        if utils.is_root() and not os.path.isfile(labels_path):
+            os.makedirs(hparams.run.save_dir, exist_ok=True)
+            files.atomic_write(labels_path, json.dumps(train + held_out).encode())
+        utils.mpi_bcast(None)
+        hparams.labels.source = labels_path
+        hparams.labels.num_train = len(train)
+        if hparams.run.seed is not None:
+            hparams.run.seed += k  # a fresh head: another draw than the first training's
+        if utils.is_root():
+            print(f'online round {k}/{len(self.steps)}: retraining the reward model from a fresh head on '
+                  f'{len(train)} labels (one epoch) in {hparams.run.save_dir}', flush=True)
+        return train_reward.train(hparams)
+
+    def _finish_round(self, k, results):
+        """done.json: the round's stats (logged at its step), written last."""
+        stats = {'online/round': k, 'online/labels': len(self._initial_labels()[0]) + sum(self.sizes[:k])}
+        if utils.is_root():
+            store = LabelStore(self._round_dir(k), writable=False)
+            wins = store.policy_wins()
+            if wins['answers']:
+                stats.update({'online/pi_beats_rho': wins['wins'], 'online/pi_beats_rho_labels': wins['answers']})
+            agreement = store.agreement()
+            if agreement['pairs']:
+                stats['online/agreement'] = agreement['agree']
+            if 'eval' in results:
+                stats['online/reward_model_accuracy'] = results['eval'].get('eval/accuracy')
+            files.atomic_write(self._done_path(k), json.dumps(dict(stats=stats, step=self.steps[k - 1])).encode())
+        utils.mpi_bcast(None)
+
+    # ---------------------------------------------------------------------------------------------------
+    # 3. PPO on
+    def _load_reward_model(self, k):
+        new = TrainedRewardModel(os.path.join(self._reward_dir(k), 'reward_model'), self.score_model.encoding)
+        self.score_model.load_state_dict(new.state_dict())
+        if utils.is_root():
+            print(f'online: PPO scores with the reward model of round {k} ({self._reward_dir(k)})', file=sys.stdout,
+                  flush=True)

@@ -8,6 +8,7 @@ with the same session: what was answered stays answered.
 """
 
 import importlib
+import json
 import os
 import sys
 import threading
@@ -47,8 +48,8 @@ def _policy(model, task):
     return policy
 
 
-def _run_policy(save_dir, task):
-    """The policy of a train_policy save dir, for task (its run must have been on the same task's queries)."""
+def _run_hparams(save_dir, task):
+    """Check that save_dir is a train_policy run of the task's queries (one line if not)."""
     from lm_human_preferences import train_policy  # lazily: it pulls in the trainers
     hparams_path = os.path.join(save_dir, 'train_policy_hparams.json')
     if not os.path.isfile(hparams_path):
@@ -59,33 +60,41 @@ def _run_policy(save_dir, task):
         if getattr(run_hparams.task, k) != getattr(task, k):
             raise ValueError(f"{save_dir}'s run had task.{k} {getattr(run_hparams.task, k)!r}, this session "
                              f"{getattr(task, k)!r}: its policy answers another task's queries")
-    model = trained_models.TrainedModel(name='policy', savedir=os.path.join(save_dir, 'policy'))
-    return _policy(model, task), model.checkpoint()
+
+
+def _run_policy(save_dir, task):
+    """The policy of a train_policy save dir (checked by _run_hparams), for task."""
+    return _policy(trained_models.TrainedModel(name='policy', savedir=os.path.join(save_dir, 'policy')), task)
 
 
 def label_session(hparams, *, experiment, offline, policy=None, validation=None, num=100, labelers=None,
                   host='127.0.0.1', port=0, overlap=0.05, question_batch=QUESTION_BATCH):
     """Serve the session in hparams.run.save_dir (a train_reward experiment's hparams: its task, labels.type and
-    run.seed) until num labels are given; returns the store. offline: the OfflineExperiment (or None)."""
+    run.seed) until num labels are given; returns the store. offline: the OfflineExperiment (or None). Every bad
+    argument is one line before anything is made."""
     task, label_type, seed = hparams.task, hparams.labels.type, hparams.run.seed or 0
     directory = hparams.run.save_dir
-    if policy is not None and validation is not None:
-        raise ValueError('--policy and --validation both name a run: give one (--validation asks about the '
-                         'initial model and that run\'s policy side by side)')
+    existing = None
+    if os.path.isfile(os.path.join(directory, SESSION_FILE)):
+        with open(os.path.join(directory, SESSION_FILE)) as f:
+            existing = json.load(f)
+    _check_arguments(directory, existing, policy=policy, validation=validation, num=num, labelers=labelers,
+                     host=host, overlap=overlap)
+    run_dir = policy or validation
+    if run_dir is not None:
+        _run_hparams(run_dir, task)
     if offline is not None:
         offline_experiment = importlib.import_module('lm_human_preferences.offline.experiment')
         offline_experiment.resolve_initial_model(offline, task, run_seed=hparams.run.seed)
     initial_model = trained_models.TrainedModel(task.policy.initial_model)
-    run_dir = policy or validation
     origin = dict(form='validation' if validation else 'policy', initial_model=initial_model.checkpoint(),
                   run=os.path.abspath(run_dir) if run_dir else None)
-    with run_module.locked_save_dir(_made(directory)):
-        if os.path.isfile(os.path.join(directory, SESSION_FILE)):
+    if existing is not None:
+        _check_same_session(existing, directory, label_type=label_type, origin=origin)
+    os.makedirs(directory, exist_ok=True)
+    with run_module.locked_save_dir(directory):
+        if existing is not None:
             store = LabelStore(directory)
-            _check_same_session(store, directory, label_type=label_type, origin=origin)
-            if labelers is not None and store.session['labelers'] is None:
-                raise ValueError(f'{directory} is an open session (anyone names themselves): --labelers can only be '
-                                 f'given when a session starts')
             store.set_target(num)
         else:
             store = LabelStore.create(
@@ -93,21 +102,30 @@ def label_session(hparams, *, experiment, offline, policy=None, validation=None,
                 texts=dict(encoding=initial_model.encoding.name, query_prefix=task.query_prefix,
                            query_suffix=task.query_suffix),
                 labelers=parse_labelers(labelers), overlap=overlap, target=num, seed=seed, origin=origin)
-        if not is_loopback(host) and store.session['labelers'] is None:
-            raise ValueError(f'--host {host} opens the page beyond this machine: name the labelers with --labelers '
-                             f'a,b,... so that each gets a link with a secret of their own')
         return _serve(store, task=task, label_type=label_type, seed=seed, initial_model=initial_model,
                       run_dir=run_dir, validation=validation is not None, host=host, port=port,
                       question_batch=question_batch)
 
 
-def _made(directory):
-    os.makedirs(directory, exist_ok=True)
-    return directory
+def _check_arguments(directory, existing, *, policy, validation, num, labelers, host, overlap):
+    if policy is not None and validation is not None:
+        raise ValueError('--policy and --validation both name a run: give one (--validation asks about the '
+                         'initial model and that run\'s policy side by side)')
+    if num < 1:
+        raise ValueError(f'--num {num}: the labels wanted must be at least 1')
+    if not 0 <= overlap < 1:
+        raise ValueError(f'--overlap {overlap}: the share of questions asked twice must be at least 0 and under 1')
+    parse_labelers(labelers)
+    if existing is not None and labelers is not None and existing['labelers'] is None:
+        raise ValueError(f'{directory} is an open session (anyone names themselves): --labelers can only be given '
+                         f'when a session starts')
+    named = existing['labelers'] if existing is not None else labelers
+    if not is_loopback(host) and named is None:
+        raise ValueError(f'--host {host} opens the page beyond this machine: name the labelers with --labelers '
+                         f'a,b,... so that each gets a link with a secret of their own')
 
 
-def _check_same_session(store, directory, *, label_type, origin):
-    recorded = store.session
+def _check_same_session(recorded, directory, *, label_type, origin):
     if recorded['label_type'] != label_type or recorded['origin'] != origin:
         raise ValueError(f'{directory} holds another session ({recorded["label_type"]} questions, '
                          f'{recorded["origin"]}): give this one another NAME (or --save_dir)')
@@ -118,7 +136,7 @@ def _serve(store, *, task, label_type, seed, initial_model, run_dir, validation,
     if run_dir is None:
         policy, initial = rho, None
     else:
-        policy, _ = _run_policy(run_dir, task)
+        policy = _run_policy(run_dir, task)
         initial = rho if validation else None
     source = questions_module.QuestionSource(task=task, label_type=label_type, policy=policy, initial=initial,
                                              size=question_batch, seed=seed, origin=store.session['origin'])

@@ -73,8 +73,19 @@ class LabelServer:
             Rule('/api/undo', endpoint='undo', methods=['POST']),
             Rule('/api/status', endpoint='status', methods=['GET']),
         ])
-        self.server = make_server(host, port, self, threaded=True, request_handler=_QuietHandler)
-        self.port = self.server.server_port
+        # The socket bound here, not by Werkzeug, which prints its own lines and exits when the port is taken.
+        family = socket.AF_INET6 if ':' in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as listening:
+            listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port a killed run held: free again
+            try:
+                listening.bind((host, port))
+            except OSError as e:
+                raise OSError(f'cannot serve the labeling page on {host} port {port}: {e.strerror} (another label '
+                              f'command or online run? give another port; 0 picks a free one)') from None
+            listening.listen(128)
+            self.port = listening.getsockname()[1]
+            self.server = make_server(host, self.port, self, threaded=True, request_handler=_QuietHandler,
+                                      fd=listening.fileno())
         self._thread = None
 
     # ---------------------------------------------------------------------------------------------------

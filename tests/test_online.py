@@ -1,0 +1,241 @@
+"""The paper's online loop (online/loop.py), end to end through the command line: `train_policy --online.retrains 2`
+on the test model with a small `local:` query dataset, the demo's rule as the program labeler. A run killed with
+SIGKILL while it asks, while it retrains and in PPO between rounds, then rerun, ends bit for bit as the run that
+was never interrupted (policy, Adam, KL coefficient, every round's labels and reward model, the stats); with
+people on the page, a killed run never asks a question twice. Bad settings are one line at launch."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from test_resume import (NAME, REPO_ROOT, assert_killed, env, finish, kill_when_exists, launch_cli, policy_args,
+                         write_corpus)
+
+pytestmark = pytest.mark.slow  # end-to-end runs: the full suite only
+
+ONLINE = ['--online.retrains', '2', '--online.labeler', 'rule', '--online.num_labels', '32',
+          '--online.validation_share', '0.25', '--rewards.train_new_model.run.save_interval', '1']
+STEPS = 30  # 240 episodes in batches of 8; the rounds at batches 10 and 20
+
+# The asking phase of round 1 held open (after its questions are written, before the program answers), so that
+# the kill lands in it.
+SLOW_ASKING = """
+import runpy, sys, time
+from lm_human_preferences.online import loop
+answer = loop.OnlineLoop._label_by_program
+def slow(self, k, store):
+    time.sleep(60)
+    return answer(self, k, store)
+loop.OnlineLoop._label_by_program = slow
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+def run_dir(root):
+    return Path(root) / NAME
+
+
+def assert_same_file(a, b):
+    assert Path(a).read_bytes() == Path(b).read_bytes(), (a, b)
+
+
+def assert_same_tensors(a, b):
+    x, y = load_file(str(a)), load_file(str(b))
+    assert set(x) == set(y)
+    for k in x:
+        assert torch.equal(x[k], y[k]), (k, (x[k].double() - y[k].double()).abs().max())
+
+
+def stats_rows(path):
+    """The stats JSONL's rows without the wall-clock ones."""
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith('elapsed/')}
+            for line in Path(path).read_text().splitlines()]
+
+
+def assert_same_run(whole, resumed):
+    a, b = run_dir(whole), run_dir(resumed)
+    assert_same_tensors(a / 'policy' / 'checkpoints' / f'model-{STEPS}.safetensors',
+                        b / 'policy' / 'checkpoints' / f'model-{STEPS}.safetensors')
+    assert_same_tensors(a / 'policy' / 'train_state' / f'state-{STEPS}.safetensors',
+                        b / 'policy' / 'train_state' / f'state-{STEPS}.safetensors')  # Adam's moments too
+    extra = [json.loads((d / 'policy' / 'train_state' / f'state-{STEPS}.json').read_text())['extra'] for d in (a, b)]
+    assert extra[0]['kl_coef'] == extra[1]['kl_coef'] != 0.15
+    for k in (1, 2):
+        assert_same_file(a / 'online' / f'round-{k}' / 'labels.json', b / 'online' / f'round-{k}' / 'labels.json')
+        assert_same_file(a / 'online' / f'round-{k}' / 'questions.jsonl', b / 'online' / f'round-{k}' / 'questions.jsonl')
+        assert_same_file(a / 'online' / f'reward-{k}' / 'labels.json', b / 'online' / f'reward-{k}' / 'labels.json')
+        model = sorted((a / 'online' / f'reward-{k}' / 'reward_model' / 'checkpoints').glob('model-*.safetensors'))[-1]
+        assert_same_tensors(model, b / 'online' / f'reward-{k}' / 'reward_model' / 'checkpoints' / model.name)
+    assert stats_rows(a / 'train_policy_stats.jsonl') == stats_rows(b / 'train_policy_stats.jsonl')
+
+
+@pytest.fixture(scope='module')
+def whole(tmp_path_factory):
+    """The uninterrupted run, and the arguments every run of this file takes."""
+    root = tmp_path_factory.mktemp('online')
+    args = policy_args(write_corpus(root / 'corpus')) + ONLINE
+    code, out, err = finish(launch_cli('train_policy', root / 'whole', args, exp='test'))
+    assert code == 0, err[-3000:]
+    return root / 'whole', args, out
+
+
+def test_the_rounds_retrain_on_every_label_so_far(whole):
+    save_root, args, out = whole
+    d = run_dir(save_root)
+    initial = json.loads((d / 'train_reward_data.json').read_text())['labels']['records']  # 48 + 2 held out
+    for k, step in ((1, 10), (2, 20)):
+        assert f'online round {k}/2 at PPO batch {step}: 16 labels of 16 questions of the policy (4 in the validation ' \
+               f'form) from the rule labeler' in out
+        round_labels = json.loads((d / 'online' / f'round-{k}' / 'labels.json').read_text())
+        assert len(round_labels) == 16
+        retrained_on = json.loads((d / 'online' / f'reward-{k}' / 'labels.json').read_text())
+        assert len(retrained_on) == 48 + 16 * k + 2 == initial + 16 * k  # every label so far, then the held out
+        assert retrained_on[48 + 16 * (k - 1):48 + 16 * k] == round_labels
+        hparams = json.loads((d / 'online' / f'reward-{k}' / 'train_reward_hparams.json').read_text())
+        assert hparams['labels']['num_train'] == 48 + 16 * k and hparams['run']['seed'] == 1 + k  # a fresh head
+        assert f'online: PPO scores with the reward model of round {k}' in out
+    rows = [json.loads(line) for line in (d / 'train_policy_stats.jsonl').read_text().splitlines()]
+    online_rows = [r for r in rows if 'online/round' in r]
+    assert [(r['step'], r['online/round'], r['online/labels']) for r in online_rows] == [(10, 1, 64), (20, 2, 80)]
+    assert all(0 <= r['online/pi_beats_rho'] <= 1 and r['online/pi_beats_rho_labels'] == 4 for r in online_rows)
+    assert [r['step'] for r in rows if 'objective/kl' in r] == list(range(STEPS))
+
+
+def test_killed_while_asking_resumes_bit_for_bit(whole, tmp_path):
+    _, args, _ = whole
+    killed = launch_cli('train_policy', tmp_path, args, exp='test', driver=SLOW_ASKING)
+    watcher = kill_when_exists(killed, run_dir(tmp_path) / 'online' / 'round-1' / 'questions.jsonl')
+    assert_killed(killed, watcher)
+    assert not (run_dir(tmp_path) / 'online' / 'round-1' / 'done.json').exists()
+    code, out, err = finish(launch_cli('train_policy', tmp_path, args, exp='test'))
+    assert code == 0, err[-3000:]
+    assert 'train_policy: resuming from' in out and '(step 10)' in out
+    assert_same_run(whole[0], tmp_path)
+
+
+def test_killed_while_retraining_resumes_bit_for_bit(whole, tmp_path):
+    _, args, _ = whole
+    killed = launch_cli('train_policy', tmp_path, args, exp='test')
+    reward_dir = run_dir(tmp_path) / 'online' / 'reward-2' / 'reward_model'
+    watcher = kill_when_exists(killed, reward_dir / 'train_state' / 'state-2.json')
+    assert_killed(killed, watcher)
+    assert not (reward_dir / 'checkpoints').exists()  # killed before the retraining finished
+    code, out, err = finish(launch_cli('train_policy', tmp_path, args, exp='test'))
+    assert code == 0, err[-3000:]
+    assert f'train_reward: resuming from {reward_dir}/train_state/state-' in out
+    assert_same_run(whole[0], tmp_path)
+
+
+def test_killed_in_ppo_between_rounds_resumes_bit_for_bit(whole, tmp_path):
+    _, args, _ = whole
+    killed = launch_cli('train_policy', tmp_path, args, exp='test')
+    watcher = kill_when_exists(killed, run_dir(tmp_path) / 'policy' / 'train_state' / 'state-14.json')
+    assert_killed(killed, watcher)
+    code, out, err = finish(launch_cli('train_policy', tmp_path, args, exp='test'))
+    assert code == 0, err[-3000:]
+    assert 'online: PPO scores with the reward model of round 1' in out.split('train_policy: resuming from')[1]
+    assert 'online round 1/2 at' not in out  # round 1 is not asked again
+    assert_same_run(whole[0], tmp_path)
+
+
+def test_killed_as_a_round_finishes_resumes_bit_for_bit(whole, tmp_path):
+    """Killed once round 1 is written as finished, before PPO saved a state after it: the rerun resumes PPO from its
+    state saved at the round's step and must not ask again; as the uninterrupted run, PPO goes on with the random
+    streams it had saved there (the retraining reseeded them)."""
+    _, args, _ = whole
+    killed = launch_cli('train_policy', tmp_path, args, exp='test')
+    watcher = kill_when_exists(killed, run_dir(tmp_path) / 'online' / 'round-1' / 'done.json')
+    assert_killed(killed, watcher)
+    states = run_dir(tmp_path) / 'policy' / 'train_state'
+    for path in states.glob('state-*'):  # should the kill have come a step late: the state of the round's step
+        if int(path.name.split('.')[0].split('-')[1]) > 10:
+            path.unlink()
+    code, out, err = finish(launch_cli('train_policy', tmp_path, args, exp='test'))
+    assert code == 0, err[-3000:]
+    assert f'resuming from {states}/state-10.json (step 10)' in out and 'online round 1/2 at' not in out
+    assert_same_run(whole[0], tmp_path)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def api(port, method, path, body=None):
+    request = urllib.request.Request(f'http://127.0.0.1:{port}{path}', method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={'Content-Type': 'application/json'})
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return json.loads(reply.read())
+
+
+def label_until(port, *, answered, stop, timeout=120):
+    """Answer as 'ann' on the page's API (the first response shown) until stop() or the run is gone; the question
+    ids answered are added to `answered` (a list: a repeat shows)."""
+    start = time.time()
+    while not stop() and time.time() - start < timeout:
+        try:
+            reply = api(port, 'GET', '/api/next?labeler=ann')
+        except OSError:  # the run is between its server's lives
+            time.sleep(0.2)
+            continue
+        if reply['state'] != 'question':
+            time.sleep(0.2)
+            continue
+        question = reply['question']['id']
+        try:
+            api(port, 'POST', '/api/answer', dict(labeler='ann', question=question, choice=0))
+            answered.append(question)
+        except OSError:
+            pass
+
+
+def test_people_are_never_asked_twice_across_a_kill(tmp_path):
+    port = free_port()
+    args = policy_args(write_corpus(tmp_path / 'corpus')) + [
+        '--online.retrains', '1', '--online.labeler', 'people', '--online.num_labels', '16', '--online.port', str(port)]
+    killed = launch_cli('train_policy', tmp_path, args, exp='test')
+    answered = []
+    # ann answers 5 questions of the round, then the run is killed
+    label_until(port, answered=answered, stop=lambda: len(answered) >= 5)
+    killed.send_signal(signal.SIGKILL)
+    killed.communicate()
+    session = run_dir(tmp_path) / 'online' / 'round-1'
+    assert len(json.loads((session / 'labels.json').read_text())) == len(answered) >= 5
+    rerun = launch_cli('train_policy', tmp_path, args, exp='test')
+    label_until(port, answered=answered, stop=lambda: rerun.poll() is not None)
+    code, out, err = finish(rerun)
+    assert code == 0, err[-3000:]
+    assert len(answered) == len(set(answered)) >= 16  # none asked twice, before or after the kill
+    labels = json.loads((session / 'labels.json').read_text())
+    assert len(labels) == len(answered)
+    assert '[online round 1/1: PPO waits for' in out and f'label at http://127.0.0.1:{port}/' in out
+    assert (session / 'done.json').exists()
+
+
+@pytest.mark.parametrize('extra, says', [
+    (['--online.retrains', '2'], "'online.labeler' is None: with online.retrains, name who labels: 'people'"),
+    (['--online.retrains', '2', '--online.labeler', 'robot'], "'online.labeler' is 'robot'"),
+    (['--online.retrains', '2', '--online.labeler', 'rule', '--online.num_labels', '12'],
+     "'online.num_labels' is 12: it must be a multiple of rewards.train_new_model.batch_size 8"),
+    (['--online.retrains', '2', '--online.labeler', 'rule', '--online.split', '1,2,3'], "'online.split' is '1,2,3'"),
+    (['--online.retrains', '40', '--online.labeler', 'rule'], "fewer than the run's 30 PPO batches"),
+    (['--online.retrains', '1', '--online.labeler', 'people', '--online.host', '0.0.0.0'], "'online.labelers' is None"),
+])
+def test_bad_online_settings_are_one_line_at_launch(tmp_path, extra, says):
+    args = policy_args('test') + extra
+    proc = subprocess.run([sys.executable, 'launch.py', 'train_policy', 'test', NAME, '--save_dir', str(tmp_path),
+                           *args], cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count('\n') == 1 and says in proc.stderr, proc.stderr
+    assert not os.path.exists(tmp_path / NAME)  # nothing ran

@@ -28,7 +28,7 @@ def test_tensorflow_and_wandb_are_extras_not_the_core():
     assert not core & {'tensorflow', 'tensorflow-cpu', 'wandb', 'pytest', 'transformers'}
     assert {'torch', 'numpy', 'tiktoken', 'safetensors', 'huggingface-hub', 'tokenizers'} <= core
     assert _names(optional['tf']) == {'tensorflow-cpu'} and _names(optional['wandb']) == {'wandb'}
-    assert _names(optional['test']) == {'pytest', 'transformers'}
+    assert _names(optional['test']) == {'pytest', 'transformers', 'selenium'}
     assert optional['all'] == ['lm-human-preferences-torch[tf,wandb,test]']
     assert project['name'] == extras.PACKAGE
 

@@ -256,7 +256,8 @@ class OnlineLoop:
     # ---------------------------------------------------------------------------------------------------
     # 1. ask
     def _questions(self, k, *, filtered):
-        """Round k's question sources: (policy form, validation form or None) and their sizes."""
+        """Round k's question sources: the policy form's and the validation form's (None when its share is 0),
+        their questions the round's; and for people, batches of QUESTION_BATCH more, for what they skip."""
         size = self.sizes[k - 1]
         n_validation = int(round(size * self.online.validation_share))
         seed = (self.hparams.run.seed or 0) * 1000 + k
@@ -270,7 +271,10 @@ class OnlineLoop:
         validation_form = questions_module.QuestionSource(
             size=n_validation, first_query=first + size - n_validation, initial=self.ppo_trainer.ref_policy,
             origin=dict(form='validation', round=k), **dict(common, seed=seed + 500)) if n_validation else None
-        return policy_form, validation_form
+        extras = questions_module.QuestionSource(
+            size=QUESTION_BATCH, first_query=first + size, origin=dict(form='policy', round=k),
+            **dict(common, seed=seed + 700)) if self.people else None
+        return policy_form, validation_form, extras
 
     def _ask(self, k):
         """Round k's labels into its session (made once: a rerun goes on with what it holds)."""
@@ -282,7 +286,7 @@ class OnlineLoop:
                   f'{len(store.order)} questions of the policy ({validation} in the validation form) from '
                   + ('people' if self.people else f'the {self.online.labeler} labeler'), flush=True)
             if self.people:
-                self._wait_for_people(k, store)
+                self._wait_for_people(k, store, extras=sources[2])
             else:
                 self._label_by_program(k, store)
             store.close()
@@ -309,7 +313,7 @@ class OnlineLoop:
                                       seed=self.hparams.run.seed or 0, origin=dict(round=k, step=self.steps[k - 1]))
         if not store.order:
             made = []
-            for source in sources:
+            for source in sources[:2]:
                 if source is not None:
                     made += source.batch(0)
             if self.people:  # the validation questions spread over the round, not all at its end
@@ -328,17 +332,13 @@ class OnlineLoop:
         if todo:
             store.answer_many(self.online.labeler, todo)
 
-    def _wait_for_people(self, k, store):
+    def _wait_for_people(self, k, store, *, extras):
         """Serve the round's questions until its labels are given: a progress line at least every PRINT_EVERY_S
         seconds with the page's address (the processes not carrying rank 0 wait in short collectives)."""
         self.server.set_session(store)
-        # Questions beyond the round's: for what people skip.
-        extra = self._questions(k, filtered=True)[0]
-        extra_index = [0]
 
-        def more_questions(store):
-            extra_index[0] += 1
-            made = extra.batch(extra_index[0]) if extra.size else []
+        def more_questions(store):  # the session's batch 0 is the round's questions, batch i extras' i - 1
+            made = extras.batch(store.batches - 1)
             store.add_questions(made)
             return bool(made)
         self.server.more_questions = more_questions

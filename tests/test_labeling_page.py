@@ -201,6 +201,44 @@ def test_people_label_in_a_browser_and_the_labels_train_a_reward_model(tmp_path)
     assert set(models[0]) == set(models[1]) and all(torch.equal(models[0][k], models[1][k]) for k in models[0])
 
 
+@pytest.mark.parametrize('label_type, keys, labels', [
+    ('scalar_rating', '72', [('score', 7.0), ('score', 2.0)]),
+    ('scalar_compare', '17', [('difference', -3.0), ('difference', 3.0)]),  # 1: A much better; 7: B much better
+])
+def test_the_scalar_label_types_on_their_scales(tmp_path, label_type, keys, labels):
+    driver = browser()
+    proc, links = start_label(tmp_path, '--num', '2', '--labels.type', label_type)
+    try:
+        person = Labeler(driver, links[None] + '?labeler=ann')
+        shown = []
+        for key in keys:
+            question = person.question()
+            points = person.js("return [...document.querySelectorAll('#scale button')].map(b => b.innerText)")
+            assert len(points) == 7 and points[0].startswith('1') and points[6].startswith('7')
+            assert ('worst' in points[0] and 'best' in points[6]) if label_type == 'scalar_rating' else (
+                'A much better' in points[0] and 'B much better' in points[6])
+            shown.append((question, person.responses()))
+            person.press(key)
+            person.next_after(question)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        driver.quit()
+        if proc.poll() is None:
+            proc.kill()
+    encoder = encodings.Test.get_encoder()
+    questions = {q['id']: q for q in map(json.loads, (tmp_path / 'page' / 'questions.jsonl').read_text().splitlines())}
+    records = json.loads((tmp_path / 'page' / 'labels.json').read_text())
+    for (question, texts), record, (field, value) in zip(shown, records, labels):
+        q = questions[question]
+        if label_type == 'scalar_rating':
+            assert texts == [encoder.decode(q['sample'])] and record == dict(query=q['query'], sample=q['sample'],
+                                                                            score=value)
+        else:
+            # A and B as shown; the record's difference is sample1's minus sample0's
+            a_is_sample0 = texts[0] == encoder.decode(q['sample0']) and texts[1] == encoder.decode(q['sample1'])
+            assert record['difference'] == (value if a_is_sample0 else -value) or q['sample0'] == q['sample1']
+
+
 def api(url, method='GET', body=None):
     request = urllib.request.Request(url, method=method, data=None if body is None else json.dumps(body).encode(),
                                      headers={'Content-Type': 'application/json'})

@@ -11,7 +11,7 @@ let pollTimer = null;
 
 const $ = (id) => document.getElementById(id);
 
-function query(extra) {
+function query() {
   const q = new URLSearchParams({ labeler: who.labeler || '' });
   if (who.key) q.set('key', who.key);
   return q.toString();
@@ -49,8 +49,8 @@ function scalePoints(info) {
   for (let v = low, k = 1; v <= high; v++, k++) {
     let what = '';
     if (info.label === 'score') what = v === low ? 'worst' : v === high ? 'best' : '';
-    else what = v === low ? 'A much better' : v === high ? 'B much better' : v === 0 ? 'about the same' :
-      v < 0 ? 'A better' : 'B better';
+    else what = v === 0 ? 'about the same' :
+      `${v < 0 ? 'A' : 'B'} ${['slightly better', 'better', 'much better'][Math.min(Math.abs(v), 3) - 1]}`;
     points.push([v, String(k), what]);
   }
   return points;

@@ -35,7 +35,11 @@ def env():
 
 def start_label(save_dir, *args):
     """`python launch.py label test page --port 0 ...`; returns the process and its printed links {name: url}."""
-    proc = subprocess.Popen([sys.executable, 'launch.py', 'label', 'test', 'page', '--save_dir', str(save_dir),
+    return start_label_named(save_dir, 'page', *args)
+
+
+def start_label_named(save_dir, name, *args):
+    proc = subprocess.Popen([sys.executable, 'launch.py', 'label', 'test', name, '--save_dir', str(save_dir),
                              '--port', '0', *args], cwd=REPO_ROOT, env=env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     links, lines = {}, []
@@ -48,6 +52,7 @@ def start_label(save_dir, *args):
         if m := re.match(r'\s+open (http://127\.0\.0\.1:\d+/) in a browser', line):
             links[None] = m.group(1)
         if line.startswith('  Ctrl-C stops'):
+            proc.announced = ''.join(lines)
             return proc, links
 
 
@@ -272,6 +277,29 @@ def test_a_killed_server_goes_on_where_it_was(tmp_path):
     assert len(rest) == 7 and not set(first) & set(rest)  # the rest of the queue, none asked again
     labels = json.loads((session / 'labels.json').read_text())
     assert len(labels) == 12 and 'label done: 12/12 labels (ann 12)' in out
+
+
+def test_questions_of_a_trained_policy_and_the_validation_form(tmp_path):
+    """--policy DIR asks about a train_policy run's policy; --validation DIR sets two of its responses beside two of
+    the initial model's, and says which are the policy's."""
+    run = subprocess.run([sys.executable, 'launch.py', 'train_policy', 'test', 'ppo', '--save_dir', str(tmp_path)],
+                         cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    for option, name in (('--policy', 'of-policy'), ('--validation', 'validation')):
+        proc, links = start_label_named(tmp_path, name, '--num', '2', option, str(tmp_path / 'ppo'))
+        answered = answer_some(links[None], 5)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and len(answered) == 2, err[-2000:]
+        assert (f'responses of the initial model and the policy of {tmp_path / "ppo"} (two each)' if option ==
+                '--validation' else f'responses of the policy of {tmp_path / "ppo"}') in proc.announced
+        session = json.loads((tmp_path / name / 'session.json').read_text())
+        assert session['origin']['run'] == str(tmp_path / 'ppo')
+        questions = [json.loads(line) for line in (tmp_path / name / 'questions.jsonl').read_text().splitlines()]
+        if option == '--validation':
+            assert session['origin']['form'] == 'validation'
+            assert all(len(q['pi_samples']) == 2 and set(q['pi_samples']) <= {0, 1, 2, 3} for q in questions)
+        else:
+            assert session['origin']['form'] == 'policy' and not any('pi_samples' in q for q in questions)
 
 
 def test_the_label_command_refuses_what_it_cannot_serve(tmp_path):

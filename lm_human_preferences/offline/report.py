@@ -174,7 +174,9 @@ def reward_model_on_samples(exp, hparams, save_dir, *, seed):
     from lm_human_preferences.offline.labels import label_best, labeler_ceiling
     task = hparams.task
     label_type = hparams.rewards.train_new_model.labels.type if hparams.rewards.train_new_model else 'best_of_4'
-    reward_model = rewards.TrainedRewardModel(final_reward_dir(save_dir, hparams), exp.encoding).to(utils.get_device())
+    reward_model = rewards.TrainedRewardModel(final_reward_dir(save_dir, hparams), exp.encoding,
+                                              allow_untrained_head=hparams.rewards.allow_untrained_head)
+    reward_model = reward_model.to(utils.get_device())
     results = {}
     for when, model in (('initial', task.policy.initial_model), ('trained', os.path.join(save_dir, 'policy'))):
         policy, encoder = frozen_policy(model, task)

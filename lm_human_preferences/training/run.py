@@ -437,8 +437,8 @@ class Run:
         TrainState or None. Collective. The end-of-run summary times the trainer from here (train_policy's
         reward phase, before it, has its own)."""
         self.started = time.time()
-        if self.save_dir and core.is_root():
-            self.stats.read()  # as it is now: a run may resume more than once (the online loop does, each round)
+        if self.save_dir and core.is_root() and self.tracked is not None:
+            self.stats.read()  # as it is now: the online loop resumes a run again after each round
         logged = self.stats.next_step()
         state = checkpointing.load_latest_train_state(self.model_dir, modules=modules, optimizer=optimizer,
                                                       samplers=samplers, at_most=logged) if self.save_dir else None

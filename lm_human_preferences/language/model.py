@@ -314,7 +314,12 @@ class Model(nn.Module):
     def _attention_bias(self, past, real, write_at, sequence, dtype):
         """The additive mask [b, 1, s, keys] (0 or MASKED), made once for every layer: causal, and pads are never
         attended to. Extending a cache, the keys are all its positions, of which the unwritten ones are not real;
-        then a single new token may see every real one. Without pads and cache: None (SDPA's is_causal)."""
+        then a single new token may see every real one. Without pads and cache: None (SDPA's is_causal).
+
+        Ours: its rows are allocated for a multiple of 8 keys, the extra ones MASKED, and sliced to `keys`: CUDA's
+        memory-efficient SDPA reads a mask whose strides (but the last) are multiples of 8 as it is, and pads any
+        other (books' decoding steps attend over 87 keys, tldr's training pass 575) in every layer, keeping each
+        padded copy for the backward. The same values: fp32 mode's results are unchanged, bit for bit."""
         visible = None
         if past is not None:
             visible = past.real[:, None, None, :]  # [b, 1, 1, c]
@@ -325,7 +330,11 @@ class Model(nn.Module):
             causal = self.causal[:sequence, :sequence] if sequence <= n_ctx else \
                 attention_mask(sequence, sequence, device=real.device)
             visible = causal & real[:, None, None, :]  # [b, 1, s, s]
-        return None if visible is None else torch.where(visible, 0.0, MASKED).to(dtype)
+        if visible is None:
+            return None
+        *rows, keys = visible.shape
+        bias = visible.new_full((*rows, -(-keys // 8) * 8), MASKED, dtype=dtype)[..., :keys]
+        return bias.masked_fill_(visible, 0.0)
 
     def _final_hidden(self, h, real, output_positions):
         """h [b, s, e] at output_positions [b, o, e]: for non-present tokens, the output from the last present

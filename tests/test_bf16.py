@@ -138,6 +138,34 @@ def test_the_vocab_projection_and_its_backward_run_at_the_fast_precision():
     assert torch.backends.mkldnn.matmul.fp32_precision != 'bf16'  # restored
 
 
+def test_sampling_projects_its_logits_at_the_fast_precision(monkeypatch):
+    """bf16 mode's sampling reaches the fast n_vocab projection through the model, as the loss does: the context
+    step and each decoding step of a rollout are one _FastLinear each, fp32 in and out (the model's outputs run
+    with autocast off, so the projection must not ask autocast whether bf16 mode is on there). fp32 mode's
+    sampling reaches none."""
+    fast_linear, calls = bf16._FastLinear, []
+
+    class CountedFastLinear(fast_linear):
+        @staticmethod
+        def forward(ctx, h, w):
+            out = fast_linear.forward(ctx, h, w)
+            calls.append((tuple(h.shape), h.dtype, w.dtype, out.dtype))
+            return out
+    monkeypatch.setattr(bf16, '_FastLinear', CountedFastLinear)
+    policy, queries, _ = policy_and_tokens(rows=6, context=5)
+    with Ops() as ops, bf16_autocast():
+        rollout = policy.respond(queries, length=4)
+    # the context step (its last position) and 3 decoding steps: the 4th token is sampled, never fed back
+    assert calls == [((6, 32), torch.float32, torch.float32, torch.float32)] * 4, calls
+    assert rollout['logprobs'].dtype == torch.float32
+    if bf16._fast_fp32_precision('cpu') is not None:  # and oneDNN ran them in its bf16 mode
+        products = [op for op in ops.named('mm') if op[1][0][1] == (6, 300)]
+        assert len(products) == 4 and all(op[3] == 'bf16' for op in products), products
+    calls.clear()
+    policy.respond(queries, length=4)
+    assert calls == []
+
+
 def policy_and_tokens(n_vocab=300, rows=6, context=5, length=4, seed=0):
     hp = model.HParams(n_vocab=n_vocab, n_ctx=32, n_embd=32, n_head=4, n_layer=2)
     tm = trained_models.TrainedModel('test')

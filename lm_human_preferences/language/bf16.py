@@ -133,7 +133,8 @@ class _FastLinear(torch.autograd.Function):
 
 def vocab_logits(h, wte):
     """The n_vocab projection h [n, e] @ wte.T, fp32 logits [n, n_vocab]: in fp32 mode exactly F.linear, in
-    bf16 mode at the device's fast fp32 precision."""
+    bf16 mode at the device's fast fp32 precision. It tells the modes apart by autocast: call it where the
+    caller's autocast is in force, not inside a block that switches autocast off."""
     if autocast_dtype(h.device.type) is None:
         return torch.nn.functional.linear(h, wte)
     return _FastLinear.apply(h.float(), wte)

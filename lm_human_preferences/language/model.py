@@ -351,15 +351,16 @@ class Model(nn.Module):
         logits of size ~100 to steps of 0.5."""
         results = {}
         batch, outputs, e = h.shape
+        # Only the positions the caller uses: the original computed the logits everywhere and sliced
+        # them afterwards (same numbers), but the n_vocab projection is a large share of the FLOPs.
+        # contiguous(): a matmul on a strided slice falls back to a batched matmul, 1.5-3.5x slower on CPU.
+        h = h.float().contiguous().view(batch * outputs, e)
+        if lm_logits:
+            # Language model logits: the output embedding is wte (tied), no bias. Outside the block below: in
+            # bf16 mode vocab_logits runs the product at the fast fp32 precision (TF32 or oneDNN's bf16 mode,
+            # fp32 logits; bf16.py), and it reads the mode from autocast, which the block switches off.
+            results['lm_logits'] = bf16.vocab_logits(h, self.wte).view(batch, outputs, self.hparams.n_vocab)
         with torch.autocast(device_type=h.device.type, enabled=False):
-            # Only the positions the caller uses: the original computed the logits everywhere and sliced
-            # them afterwards (same numbers), but the n_vocab projection is a large share of the FLOPs.
-            # contiguous(): a matmul on a strided slice falls back to a batched matmul, 1.5-3.5x slower on CPU.
-            h = h.float().contiguous().view(batch * outputs, e)
-            if lm_logits:
-                # Language model logits: the output embedding is wte (tied), no bias. (bf16 mode: TF32 or
-                # oneDNN's bf16 products, fp32 logits; bf16.py.)
-                results['lm_logits'] = bf16.vocab_logits(h, self.wte).view(batch, outputs, self.hparams.n_vocab)
             for name, head in self.heads.items():
                 results[name] = head(h).view(batch, outputs)
         return results

@@ -166,6 +166,37 @@ def test_sampling_projects_its_logits_at_the_fast_precision(monkeypatch):
     assert calls == []
 
 
+def test_a_weight_given_new_storage_is_cast_again():
+    """Module.to() / .cuda() and `param.data = ...` give a parameter new storage without bumping its version:
+    the cast cache keys on the storage too (its device and data_ptr), so the next forward reads the new weights,
+    not the copy of the old ones."""
+    hp, m = small_model()
+    new = model.Model(hp, scalar_heads=['value'])  # other weights
+    X = torch.randint(0, hp.n_vocab, (3, 7))
+    with torch.no_grad(), bf16_autocast():
+        before = m(X)['lm_logits']  # casts every weight
+        for p, q in zip(m.parameters(), new.parameters()):
+            version = p._version
+            p.data = q.detach().clone()
+            assert p._version == version  # what the version alone would miss
+        after, expected = m(X)['lm_logits'], new(X)['lm_logits']
+    assert not torch.equal(before, expected)
+    assert torch.equal(after, expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA only: a device move of a model cast on the CPU')
+def test_a_model_moved_to_cuda_is_cast_again():
+    hp, m = small_model()
+    X = torch.randint(0, hp.n_vocab, (3, 7))
+    with torch.no_grad(), bf16_autocast():
+        m(X)
+    m.cuda()
+    with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+        out = m(X.cuda())['lm_logits']
+    assert out.device.type == 'cuda'
+    assert all(copy.device.type == 'cuda' for weight, (*_, copy) in bf16._casts.items() if weight.is_cuda)
+
+
 def policy_and_tokens(n_vocab=300, rows=6, context=5, length=4, seed=0):
     hp = model.HParams(n_vocab=n_vocab, n_ctx=32, n_embd=32, n_head=4, n_layer=2)
     tm = trained_models.TrainedModel('test')

@@ -3,12 +3,18 @@ its dtypes and shapes, so what runs in which precision is checked on a CPU as it
 
 - fp32 mode reaches none of them (bit-identical outputs);
 - a weight is cast to bf16 once per update, however many forwards and microbatches use it, and its gradient
-  is autocast's;
+  is autocast's; a weight given new storage (Module.to(), `.data =`, which keep its version) is cast again;
 - attention and the KV cache run in attention's dtype (bf16 on CUDA, fp32 on a CPU, where bf16 is slower);
-- the n_vocab projection and its backward run at the fast fp32 precision, with fp32 logits;
+- the n_vocab projection and its backward run at the fast fp32 precision, with fp32 logits, in sampling (the
+  context step and each decoding step, through the model) as in the loss;
 - the policy's logprobs and entropies equal the reference's, and no [tokens, n_vocab] tensor is written but the
   logits (the reference path writes several);
 - the KL the controller sees differs from fp32 mode's by under 1 % on the same rollouts.
+
+PPO's first ratio in bf16 mode (tests/test_train_policy.py, test_first_minibatch_ratio_is_one): exactly 1 where the
+first minibatch is the whole batch in one pass (nminibatches 1, no microbatch split: the rollout's forward is that
+minibatch's own); with more minibatches or a microbatch split the rows are recomputed in passes of another shape,
+the same bits on a CPU, on CUDA 1 only to rounding (cuBLAS picks its kernels by shape).
 """
 import pytest
 import torch

@@ -3,12 +3,18 @@ its dtypes and shapes, so what runs in which precision is checked on a CPU as it
 
 - fp32 mode reaches none of them (bit-identical outputs);
 - a weight is cast to bf16 once per update, however many forwards and microbatches use it, and its gradient
-  is autocast's;
+  is autocast's; a weight given new storage (Module.to(), `.data =`, which keep its version) is cast again;
 - attention and the KV cache run in attention's dtype (bf16 on CUDA, fp32 on a CPU, where bf16 is slower);
-- the n_vocab projection and its backward run at the fast fp32 precision, with fp32 logits;
+- the n_vocab projection and its backward run at the fast fp32 precision, with fp32 logits, in sampling (the
+  context step and each decoding step, through the model) as in the loss;
 - the policy's logprobs and entropies equal the reference's, and no [tokens, n_vocab] tensor is written but the
   logits (the reference path writes several);
 - the KL the controller sees differs from fp32 mode's by under 1 % on the same rollouts.
+
+PPO's first ratio in bf16 mode (tests/test_train_policy.py, test_first_minibatch_ratio_is_one): exactly 1 where the
+first minibatch is the whole batch in one pass (nminibatches 1, no microbatch split: the rollout's forward is that
+minibatch's own); with more minibatches or a microbatch split the rows are recomputed in passes of another shape,
+the same bits on a CPU, on CUDA 1 only to rounding (cuBLAS picks its kernels by shape).
 """
 import pytest
 import torch
@@ -136,6 +142,65 @@ def test_the_vocab_projection_and_its_backward_run_at_the_fast_precision():
     assert all(op[3] == 'bf16' and {d for d, _ in op[2]} == {torch.float32} for op in products), products
     assert logits.dtype == torch.float32
     assert torch.backends.mkldnn.matmul.fp32_precision != 'bf16'  # restored
+
+
+def test_sampling_projects_its_logits_at_the_fast_precision(monkeypatch):
+    """bf16 mode's sampling reaches the fast n_vocab projection through the model, as the loss does: the context
+    step and each decoding step of a rollout are one _FastLinear each, fp32 in and out (the model's outputs run
+    with autocast off, so the projection must not ask autocast whether bf16 mode is on there). fp32 mode's
+    sampling reaches none."""
+    fast_linear, calls = bf16._FastLinear, []
+
+    class CountedFastLinear(fast_linear):
+        @staticmethod
+        def forward(ctx, h, w):
+            out = fast_linear.forward(ctx, h, w)
+            calls.append((tuple(h.shape), h.dtype, w.dtype, out.dtype))
+            return out
+    monkeypatch.setattr(bf16, '_FastLinear', CountedFastLinear)
+    policy, queries, _ = policy_and_tokens(rows=6, context=5)
+    with Ops() as ops, bf16_autocast():
+        rollout = policy.respond(queries, length=4)
+    # the context step (its last position) and 3 decoding steps: the 4th token is sampled, never fed back
+    assert calls == [((6, 32), torch.float32, torch.float32, torch.float32)] * 4, calls
+    assert rollout['logprobs'].dtype == torch.float32
+    if bf16._fast_fp32_precision('cpu') is not None:  # and oneDNN ran them in its bf16 mode
+        products = [op for op in ops.named('mm') if op[1][0][1] == (6, 300)]
+        assert len(products) == 4 and all(op[3] == 'bf16' for op in products), products
+    calls.clear()
+    policy.respond(queries, length=4)
+    assert calls == []
+
+
+def test_a_weight_given_new_storage_is_cast_again():
+    """Module.to() / .cuda() and `param.data = ...` give a parameter new storage without bumping its version:
+    the cast cache keys on the storage too (its device and data_ptr), so the next forward reads the new weights,
+    not the copy of the old ones."""
+    hp, m = small_model()
+    new = model.Model(hp, scalar_heads=['value'])  # other weights
+    X = torch.randint(0, hp.n_vocab, (3, 7))
+    with torch.no_grad(), bf16_autocast():
+        before = m(X)['lm_logits']  # casts every weight
+        for p, q in zip(m.parameters(), new.parameters()):
+            version = p._version
+            p.data = q.detach().clone()
+            assert p._version == version  # what the version alone would miss
+        after, expected = m(X)['lm_logits'], new(X)['lm_logits']
+    assert not torch.equal(before, expected)
+    assert torch.equal(after, expected)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='CUDA only: a device move of a model cast on the CPU')
+def test_a_model_moved_to_cuda_is_cast_again():
+    hp, m = small_model()
+    X = torch.randint(0, hp.n_vocab, (3, 7))
+    with torch.no_grad(), bf16_autocast():
+        m(X)
+    m.cuda()
+    with torch.no_grad(), torch.autocast('cuda', dtype=torch.bfloat16):
+        out = m(X.cuda())['lm_logits']
+    assert out.device.type == 'cuda'
+    assert all(copy.device.type == 'cuda' for weight, (*_, copy) in bf16._casts.items() if weight.is_cuda)
 
 
 def policy_and_tokens(n_vocab=300, rows=6, context=5, length=4, seed=0):

@@ -5,6 +5,8 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lm_human_preferences.language import model
 
@@ -217,6 +219,57 @@ def test_sdpa_equals_original_attention_formula():
     w = w / w.sum(-1, keepdim=True)
     theirs = attn.c_proj((w @ v).transpose(1, 2).reshape(b * s, e)).view(b, s, e)
     torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=0)
+
+
+class AttentionMasks(TorchDispatchMode):
+    """The attn_mask of every SDPA op dispatched."""
+
+    def __init__(self):
+        super().__init__()
+        self.masks = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if 'scaled_dot_product' in func.overloadpacket.__name__ and kwargs.get('attn_mask') is not None:
+            self.masks.append(kwargs['attn_mask'])
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_attention_masks_rows_are_a_multiple_of_8(monkeypatch, dtype):
+    """The additive mask's rows (its key dimension) are allocated rounded up to a multiple of 8 and sliced,
+    the extra keys masked: CUDA's memory-efficient SDPA needs every stride but the last a multiple of 8, and
+    otherwise pads the mask in every layer (and, training, keeps each padded copy for the backward). Seen on
+    a CPU in the ops a pass dispatches: a padded forward of 13 tokens, a cache of 13 + 6 = 19 positions
+    extended by 3 and decoded one token at a time. The logits are those of the same masks made contiguous,
+    bit for bit, in fp32 and in bf16 attention (bf16 mode's on CUDA)."""
+    from lm_human_preferences.language import bf16
+    monkeypatch.setitem(bf16.ATTENTION_DTYPES, 'cpu', dtype)
+    m = _model(n_vocab=10, n_ctx=32, n_embd=12, n_head=3, n_layer=2)
+    pad = 10
+    X = torch.from_numpy(np.random.RandomState(1).randint(10, size=[2, 17]))
+    X[1, 2:4] = pad
+    X[0, 11] = pad
+
+    def run():
+        with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            out = m(X[:, :13], padding_token=pad, room=6)
+            logits = [out['lm_logits'], m(X[:, 13:16], past=out['present'], padding_token=pad)['lm_logits']]
+            return logits + [m(X[:, 16:], past=out['present'], padding_token=pad)['lm_logits']]
+    with AttentionMasks() as seen:
+        logits = run()
+    keys = [mask.shape[-1] for mask in seen.masks]
+    assert keys == [13] * 2 + [19] * 4, keys  # 2 layers x 3 calls
+    for mask in seen.masks:
+        assert mask.dtype == dtype and mask.stride(-1) == 1 and all(s % 8 == 0 for s in mask.stride()[:-1]), \
+            (mask.shape, mask.stride())
+        padded = mask.as_strided(mask.shape[:-1] + (mask.stride(-2),), mask.stride())
+        assert torch.all(padded[..., mask.shape[-1]:] == model.MASKED)
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, 'scaled_dot_product_attention', lambda *a, attn_mask=None, **k: sdpa(
+        *a, attn_mask=None if attn_mask is None else attn_mask.contiguous(), **k))
+    for ours, contiguous in zip(logits, run()):
+        assert torch.equal(ours, contiguous)
 
 
 def test_parameter_layout_and_init():

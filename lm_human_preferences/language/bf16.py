@@ -46,8 +46,8 @@ def native_bf16_cpu():
 # ---------------------------------------------------------------------------------------------------
 # Weights cast once
 
-# weight -> (its version when cast, its copy in the autocast dtype). Weak and by identity: a model's copies go
-# with it.
+# weight -> (its storage and version when cast, its copy in the autocast dtype). Weak and by identity: a model's
+# copies go with it.
 _casts = WeakIdKeyDictionary()
 
 
@@ -64,19 +64,26 @@ class _CastGradient(torch.autograd.Function):
         return grad.to(ctx.dtype), None
 
 
+def _cast_key(weight):
+    """What a weight's copy was made from: its storage (device and address) and version. An in-place update (an
+    optimizer step, load_state_dict) bumps the version; Module.to() / .cuda() and `param.data = ...` give the
+    parameter new storage and keep its version."""
+    return weight.device, weight.data_ptr(), weight._version
+
+
 def cast_once(weight):
-    """weight in autocast's dtype, from a copy made when the weight last changed: every in-place update (an
-    optimizer step, load_state_dict) bumps a tensor's version, and only then is it cast again. Autocast casts
-    a weight in every forward (it caches only within one autocast block, and only weights that require grad),
-    so a PPO step cast the policy's weights once per microbatch and the frozen models' once per forward."""
+    """weight in autocast's dtype, from a copy made when the weight last changed (_cast_key), and only then cast
+    again. Autocast casts a weight in every forward (it caches only within one autocast block, and only weights
+    that require grad), so a PPO step cast the policy's weights once per microbatch and the frozen models' once
+    per forward."""
     dtype = autocast_dtype(weight.device.type)
     if dtype is None or weight.dtype == dtype:
         return weight
-    version, copy = _casts.get(weight, (None, None))
-    if version != weight._version or copy.dtype != dtype:
+    key, copy = _casts.get(weight, (None, None))
+    if key != _cast_key(weight) or copy.dtype != dtype:
         with torch.no_grad():
             copy = weight.to(dtype)
-        _casts[weight] = (weight._version, copy)
+        _casts[weight] = (_cast_key(weight), copy)
     if weight.requires_grad and torch.is_grad_enabled():
         return _CastGradient.apply(weight, copy)
     return copy
@@ -133,7 +140,8 @@ class _FastLinear(torch.autograd.Function):
 
 def vocab_logits(h, wte):
     """The n_vocab projection h [n, e] @ wte.T, fp32 logits [n, n_vocab]: in fp32 mode exactly F.linear, in
-    bf16 mode at the device's fast fp32 precision."""
+    bf16 mode at the device's fast fp32 precision. It tells the modes apart by autocast: call it where the
+    caller's autocast is in force, not inside a block that switches autocast off."""
     if autocast_dtype(h.device.type) is None:
         return torch.nn.functional.linear(h, wte)
     return _FastLinear.apply(h.float(), wte)

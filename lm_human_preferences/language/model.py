@@ -314,7 +314,12 @@ class Model(nn.Module):
     def _attention_bias(self, past, real, write_at, sequence, dtype):
         """The additive mask [b, 1, s, keys] (0 or MASKED), made once for every layer: causal, and pads are never
         attended to. Extending a cache, the keys are all its positions, of which the unwritten ones are not real;
-        then a single new token may see every real one. Without pads and cache: None (SDPA's is_causal)."""
+        then a single new token may see every real one. Without pads and cache: None (SDPA's is_causal).
+
+        Ours: its rows are allocated for a multiple of 8 keys, the extra ones MASKED, and sliced to `keys`: CUDA's
+        memory-efficient SDPA reads a mask whose strides (but the last) are multiples of 8 as it is, and pads any
+        other (books' decoding steps attend over 87 keys, tldr's training pass 575) in every layer, keeping each
+        padded copy for the backward. The same values: fp32 mode's results are unchanged, bit for bit."""
         visible = None
         if past is not None:
             visible = past.real[:, None, None, :]  # [b, 1, 1, c]
@@ -325,7 +330,11 @@ class Model(nn.Module):
             causal = self.causal[:sequence, :sequence] if sequence <= n_ctx else \
                 attention_mask(sequence, sequence, device=real.device)
             visible = causal & real[:, None, None, :]  # [b, 1, s, s]
-        return None if visible is None else torch.where(visible, 0.0, MASKED).to(dtype)
+        if visible is None:
+            return None
+        *rows, keys = visible.shape
+        bias = visible.new_full((*rows, -(-keys // 8) * 8), MASKED, dtype=dtype)[..., :keys]
+        return bias.masked_fill_(visible, 0.0)
 
     def _final_hidden(self, h, real, output_positions):
         """h [b, s, e] at output_positions [b, o, e]: for non-present tokens, the output from the last present
@@ -342,15 +351,16 @@ class Model(nn.Module):
         logits of size ~100 to steps of 0.5."""
         results = {}
         batch, outputs, e = h.shape
+        # Only the positions the caller uses: the original computed the logits everywhere and sliced
+        # them afterwards (same numbers), but the n_vocab projection is a large share of the FLOPs.
+        # contiguous(): a matmul on a strided slice falls back to a batched matmul, 1.5-3.5x slower on CPU.
+        h = h.float().contiguous().view(batch * outputs, e)
+        if lm_logits:
+            # Language model logits: the output embedding is wte (tied), no bias. Outside the block below: in
+            # bf16 mode vocab_logits runs the product at the fast fp32 precision (TF32 or oneDNN's bf16 mode,
+            # fp32 logits; bf16.py), and it reads the mode from autocast, which the block switches off.
+            results['lm_logits'] = bf16.vocab_logits(h, self.wte).view(batch, outputs, self.hparams.n_vocab)
         with torch.autocast(device_type=h.device.type, enabled=False):
-            # Only the positions the caller uses: the original computed the logits everywhere and sliced
-            # them afterwards (same numbers), but the n_vocab projection is a large share of the FLOPs.
-            # contiguous(): a matmul on a strided slice falls back to a batched matmul, 1.5-3.5x slower on CPU.
-            h = h.float().contiguous().view(batch * outputs, e)
-            if lm_logits:
-                # Language model logits: the output embedding is wte (tied), no bias. (bf16 mode: TF32 or
-                # oneDNN's bf16 products, fp32 logits; bf16.py.)
-                results['lm_logits'] = bf16.vocab_logits(h, self.wte).view(batch, outputs, self.hparams.n_vocab)
             for name, head in self.heads.items():
                 results[name] = head(h).view(batch, outputs)
         return results

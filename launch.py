@@ -14,7 +14,7 @@ import tempfile
 
 from lm_human_preferences.demo import bindings as demo_bindings
 from lm_human_preferences.sentiment_mini import bindings as sentiment_mini_bindings
-from lm_human_preferences.utils import launch
+from lm_human_preferences.utils import command_line, launch, workers
 from lm_human_preferences.utils.combos import bind, bind_nested, combos
 
 
@@ -369,7 +369,7 @@ def launch_export_labels(session_dir, out=None):
 
 launch_label.option_help = dict(policy='the initial model', validation='off', labelers='anyone names themselves',
                                 save_dir='<datasets dir>/labels')
-launch_export_labels.option_help = dict(out=launch.REQUIRED)
+launch_export_labels.option_help = dict(out=command_line.REQUIRED)
 
 
 # `COMMAND --help`: the experiments, and the hparams most often set (`--dry_run` prints all of them).
@@ -426,7 +426,7 @@ launch_train_policy.help_sections = _help_sections('train_policy', get_experimen
 launch_train_reward.help_sections = _help_sections('train_reward', get_train_reward_experiments)
 launch_train_policy.option_help = launch_train_reward.option_help = dict(
     mpi=f"the experiment's: 1 for {', '.join(ONE_RANK_EXPERIMENTS)}, {PAPER_RANKS} for the paper's",
-    procs=launch.PROCS_HELP)
+    procs=workers.PROCS_HELP)
 
 
 if __name__ == '__main__':

@@ -37,7 +37,7 @@ from lm_human_preferences.offline import report as offline_report
 from lm_human_preferences.language import checkpoints, hf_export, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import hyperparams, launch
+from lm_human_preferences.utils import command_line, hyperparams, launch, workers
 from lm_human_preferences.training import plots, run
 
 
@@ -148,7 +148,7 @@ def launch_sample(save_dir=None, savescope='policy', temperature=1.0, seed=None,
         raise launch.ConfigError(f'--nsamples {nsamples}: it must be at least 0 (0: sample forever)')
     if not hyperparams.positive(temperature):
         raise launch.ConfigError(f'--temperature {temperature}: it must be a positive number')
-    launch.check_ranks('sample', mpi, launch.default_procs(mpi) if procs is None else procs)
+    workers.check_mpi_and_procs('sample', mpi, workers.default_procs(mpi) if procs is None else procs)
     if nsamples % mpi:
         raise launch.ConfigError(f'--nsamples {nsamples} must be a multiple of --mpi {mpi}')
     launch.launch('sample', partial(sample_policy, **kwargs), mpi=mpi, procs=procs)
@@ -243,10 +243,10 @@ def launch_best_of_n(save_dir=None, n=32, queries=256, seed=0):
 
 
 # `--help` for the options left unset.
-launch_sample.option_help = dict(save_dir=launch.REQUIRED, seed='random', procs=launch.PROCS_HELP)
-launch_export.option_help = dict(save_dir=launch.REQUIRED, out=launch.REQUIRED)
-launch_best_of_n.option_help = dict(save_dir=launch.REQUIRED)
-launch_plot.option_help = dict(save_dir=launch.REQUIRED, out="none: the save dir's own figures, drawn again",
+launch_sample.option_help = dict(save_dir=command_line.REQUIRED, seed='random', procs=workers.PROCS_HELP)
+launch_export.option_help = dict(save_dir=command_line.REQUIRED, out=command_line.REQUIRED)
+launch_best_of_n.option_help = dict(save_dir=command_line.REQUIRED)
+launch_plot.option_help = dict(save_dir=command_line.REQUIRED, out="none: the save dir's own figures, drawn again",
                                title='the save dir (an offline experiment: its command)')
 
 # A dict of commands, as the original (launch.main is its fire-like command line).

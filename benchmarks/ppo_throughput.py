@@ -630,8 +630,8 @@ def main(argv=None):
 
     # The process setting launch.py applies (glibc keeps freed memory for reuse). Both implementations
     # run in this process, so both get it.
-    from lm_human_preferences.utils import launch
-    malloc_tuned = launch.reuse_freed_memory()
+    from lm_human_preferences.utils import workers
+    malloc_tuned = workers.reuse_freed_memory()
     info = machine_info()
     info['reuse_freed_memory'] = malloc_tuned
     log(f'machine: {info["cpu"]}, {info["cores"]} cores, torch {info["torch"]}, transformers '

@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lm_human_preferences.utils import core, gcs, hyperparams, launch, ranks
+from lm_human_preferences.utils import core, gcs, hyperparams, launch, ranks, workers
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -287,7 +287,7 @@ def test_paper_experiments_run_as_the_originals_8_ranks(command, monkeypatch):
     fn('sentiment', 'custom', mpi=4, procs=2)
     assert calls == dict(sentiment=(8, None), descriptiveness=(8, None), cnndm=(8, None), tldr=(8, None),
                          test=(1, None), demo=(1, None), sentiment_mini=(1, None), custom=(4, 2))
-    assert launch.default_procs(8) == (max(p for p in (1, 2, 4, 8) if p <= torch.cuda.device_count())
+    assert workers.default_procs(8) == (max(p for p in (1, 2, 4, 8) if p <= torch.cuda.device_count())
                                        if torch.cuda.is_available() else 1)
 
 
@@ -372,7 +372,7 @@ def _collectives_worker(out_dir, base_url):
         res['error'] = str(e)
     with open(os.path.join(out_dir, f'process{process}.json'), 'w') as f:
         json.dump(res, f)
-    # A worker ends without Python's finalization (launch.exit_without_finalizing): this never runs.
+    # A worker ends without Python's finalization (workers.exit_without_finalizing): this never runs.
     atexit.register(lambda: open(os.path.join(out_dir, f'finalized{process}'), 'w').close())
 
 
@@ -448,7 +448,7 @@ def test_torchrun_env_joins_existing_group(tmp_path, monkeypatch):
     monkeypatch.setenv('RANK', '0')
     monkeypatch.setenv('LOCAL_RANK', '0')
     monkeypatch.setenv('MASTER_ADDR', '127.0.0.1')
-    monkeypatch.setenv('MASTER_PORT', str(launch._free_port()))
+    monkeypatch.setenv('MASTER_PORT', str(workers._free_port()))
     out = tmp_path / 'group.json'
     launch.launch('t', partial(_group_check, str(out)), mpi=4)
     assert json.loads(out.read_text()) == [True, 1, 4, [0, 1, 2, 3]]
@@ -459,10 +459,10 @@ def test_torchrun_env_joins_existing_group(tmp_path, monkeypatch):
 
 _RSS_AFTER_FREE = '''
 import re, torch
-from lm_human_preferences.utils import launch
+from lm_human_preferences.utils import workers
 def rss_mb():
     return int(re.search(r"VmRSS:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) / 1024
-applied = launch.reuse_freed_memory()
+applied = workers.reuse_freed_memory()
 before = rss_mb()
 x = torch.ones(64 * 2 ** 20 // 4)  # 64 MiB, touched
 del x

@@ -1,0 +1,157 @@
+"""Ours: what launch.py's commands add to the original's: the run name's check, the experiments' default ranks,
+the offline experiments' own entry points (offline_experiments.py), one seed for a whole run, each command's
+`--help`, and our commands `label` and `export_labels` (labeling/)."""
+
+import functools
+import os
+
+from lm_human_preferences import offline_experiments
+from lm_human_preferences.utils import command_line, launch, workers
+from lm_human_preferences.utils.command_line import ConfigError
+
+
+def get_trials(experiment_dict, command, exp):
+    try:
+        return experiment_dict[exp]
+    except KeyError:
+        raise ConfigError(
+            f"Couldn't find experiment '{exp}' for {command} (choose from: {', '.join(experiment_dict)})") from None
+
+
+def check_name(name):
+    """Ours: NAME is a directory under --save_dir, so it must be one plain name (the run's files stay
+    inside --save_dir, in a directory of their own)."""
+    if name in ('', '.', '..') or any(c and c in name for c in ('/', os.sep, os.altsep, '\0')):
+        raise ConfigError(f"run name {name!r}: it must be a plain directory name "
+                          f"(no '/', not '.' or '..', not empty)")
+
+
+# The paper's experiments ran as 8 MPI ranks (the original's default mpi=8), and their numbers depend on
+# it (per-rank batches, whitening, seeds); ours (test and the offline ones) are sized for one rank.
+PAPER_RANKS = 8
+
+# Ours: the offline experiments (offline_experiments.py) each run by their package: it makes its initial model and
+# labels, runs the trainer, then reports (offline/experiment.py).
+ONE_RANK_EXPERIMENTS = ('test', *offline_experiments.PACKAGES)
+
+
+def default_mpi(exp):
+    return 1 if exp in ONE_RANK_EXPERIMENTS else PAPER_RANKS
+
+
+def train_function(exp, trainer, command):
+    """The function that runs `command` ('train_policy' / 'train_reward') for exp: the trainer's train,
+    or an offline experiment's own command (lazily imported: it pulls in the models and datasets)."""
+    if exp in offline_experiments.PACKAGES:
+        return getattr(offline_experiments.package(exp), command)
+    return trainer.train
+
+
+REWARD_SEED = 'rewards.train_new_model.run.seed'
+
+
+def one_seed(hparams, *, reward_seed_given):
+    """Ours: when train_policy trains its reward model first, the policy's run.seed seeds that phase too (its
+    labels' draws, its training; an offline experiment's initial model follows it), unless the command line
+    sets rewards.train_new_model.run.seed itself: one seed draws the whole run. Then train_policy's derive."""
+    from lm_human_preferences import train_policy
+    if hparams.rewards.train_new_model is not None and not reward_seed_given:
+        hparams.rewards.train_new_model.run.seed = hparams.run.seed
+    train_policy.chain_reward_model(hparams)
+
+
+def label_command(reward_experiments):
+    """launch.py's `label` command, on its train_reward experiments (reward_experiments())."""
+    def launch_label(exp, name, policy=None, validation=None, num=100, labelers=None, host='127.0.0.1', port=8765,
+                     overlap=0.05, save_dir=None, **extra_hparams):
+        """Ours: people label questions of the experiment's task in a browser. Prints the page's link(s) and serves
+        it until --num labels are given; each answer is saved at once into <save_dir>/NAME/labels.json (the
+        original's format: train_reward's --labels.source) beside a log of who answered what, when and how fast.
+        Questions: the task's initial model's responses; --policy DIR, a train_policy run's; --validation DIR, two of
+        each (the paper's validation questions). --labelers a,b: a link with a secret for each (needed with a --host
+        other than 127.0.0.1); --overlap: the share of questions asked twice, for agreement. Rerun to go on."""
+        check_name(name)
+        from lm_human_preferences import train_reward
+        from lm_human_preferences.labeling import command
+        offline = offline_experiments.experiment(exp) if exp in offline_experiments.PACKAGES else None
+        fn = functools.partial(command.label_session, experiment=exp, offline=offline, policy=policy,
+                               validation=validation, num=num, labelers=labelers, host=host, port=port, overlap=overlap)
+        launch.launch_trials(name, fn=fn, trials=get_trials(reward_experiments(), 'label', exp), mpi=1,
+                             procs=1, save_dir=save_dir or command.default_save_dir(), hparam_class=train_reward.HParams,
+                             extra_hparams=extra_hparams)
+
+    launch_label.option_help = dict(policy='the initial model', validation='off', labelers='anyone names themselves',
+                                    save_dir='<datasets dir>/labels')
+    return launch_label
+
+
+def launch_export_labels(session_dir, out=None):
+    """Ours: the labels of a label session (the folder `label` wrote) as a Hugging Face datasets folder in TRL's
+    preference format (prompt, chosen, rejected: a best-of-4 label is three pairs), for TRL's trainers."""
+    if out is None:
+        raise ConfigError('export_labels needs --out HF_DIR (a new or empty folder)')
+    from lm_human_preferences.labeling import export
+    rows = export.export_labels(session_dir, out)
+    print(f'export_labels: {rows} preference pairs of {session_dir} in {out} (datasets.load_from_disk reads them)')
+
+
+launch_export_labels.option_help = dict(out=command_line.REQUIRED)
+
+
+# `COMMAND --help`: the experiments, and the hparams most often set (`--dry_run` prints all of them).
+OFFLINE = ', '.join(offline_experiments.PACKAGES)
+INITIAL_MODELS = f"'124M' (GPT-2, downloaded), a model dir, a Hugging Face GPT-2 (folder or hub name), 'test', {OFFLINE}"
+RUN_HPARAMS = {
+    'run.seed': 'random seed (each rank: seed + 100003 * rank)',
+    'run.save_interval': 'steps between saved states (a rerun resumes from the last)',
+    'run.log_interval': 'steps between stats tables',
+    'run.bf16': 'true/false: bf16 autocast for forward passes (default: on with CUDA)',
+    'run.microbatch_size': 'at most this many sequences per model pass, to fit memory (same results)',
+    'run.cuda_graph': 'true/false: decoding steps replayed as a CUDA graph (default: on with CUDA)',
+    'run.keep_checkpoints': 'model checkpoints kept',
+    'run.wandb': 'true: also log to Weights & Biases',
+}
+COMMON_HPARAMS = dict(
+    train_policy={
+        'rewards.trained_model': 'a trained reward model dir (with --rewards.train_new_model off)',
+        'rewards.kl_coef': 'KL penalty coefficient (initial value with rewards.adaptive_kl)',
+        'rewards.adaptive_kl.target': 'target KL of the adaptive controller',
+        'ppo.total_episodes': 'episodes to train on',
+        'ppo.batch_size': 'episodes per PPO batch, over all ranks',
+        'ppo.lr': 'learning rate (decayed linearly to 0)',
+        'task.policy.initial_model': INITIAL_MODELS,
+        'task.query_dataset': f"books, cnndm, tldr, test, {OFFLINE}, or local:<dir of .txt files>",
+        **RUN_HPARAMS},
+    train_reward={
+        'labels.source': 'the label file: an https URL or a local JSON file',
+        'labels.num_train': 'labels to train on (the records after them are held out)',
+        'batch_size': 'labels per minibatch, over all ranks',
+        'lr': 'learning rate (decayed linearly to 0)',
+        'normalize_before': 'true/false', 'normalize_after': 'true/false',
+        'task.policy.initial_model': INITIAL_MODELS,
+        **RUN_HPARAMS})
+
+
+def help_sections(command, experiments):
+    def sections():
+        lines = ['experiments (--mpi: the ranks they run as by default):']
+        for exp, trials in experiments().items():
+            kw = {k: v for k, v, _ in trials[0] if k is not None}
+            size = (f"ppo.batch_size {kw['ppo.batch_size']}, {kw['ppo.total_episodes']:,} episodes"
+                    if 'ppo.batch_size' in kw else f"{kw['labels.num_train']:,} labels, batch_size {kw['batch_size']}")
+            lines.append(f"  {exp:16s} --mpi {default_mpi(exp)}: {kw['task.query_dataset']} queries "
+                         f"({kw['task.query_length']}+{kw['task.response_length']} tokens), model "
+                         f"{kw['task.policy.initial_model']}, {size}")
+        lines += ['', 'most used hparams (--dotted.name value):']
+        lines += [f'  --{k:28s} {v}' for k, v in COMMON_HPARAMS[command].items()]
+        return '\n'.join(lines)
+    return sections
+
+
+def describe(command, name, experiments):
+    """`--help` of launch.py's `name` command (train_policy, train_reward) on experiments(): its experiments, the
+    hparams most used, what --mpi and --procs default to."""
+    command.help_sections = help_sections(name, experiments)
+    command.option_help = dict(
+        mpi=f"the experiment's: 1 for {', '.join(ONE_RANK_EXPERIMENTS)}, {PAPER_RANKS} for the paper's",
+        procs=workers.PROCS_HELP)

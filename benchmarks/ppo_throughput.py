@@ -152,7 +152,8 @@ def measure_matmul_peak(dtype, *, sizes=(1024, 2048), seconds=2.0):
 # ----------------------------------------------------------------------------------------------
 
 def amp(enabled):
-    return torch.autocast(device().type, dtype=torch.bfloat16, enabled=enabled)
+    from lm_human_preferences.utils import core  # the port's autocast, for both sides
+    return core.autocast(enabled, device())
 
 
 def random_tokens(m, batch, length, generator):

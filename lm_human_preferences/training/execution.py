@@ -58,8 +58,8 @@ class Execution:
     microbatch_size: Optional[int] = None  # at most this many sequences per model pass; None: no split
 
     def autocast(self):
-        """bf16 autocast on the device where bf16 is on; a no-op block elsewhere."""
-        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+        """bf16 autocast on the device where bf16 is on; a no-op block elsewhere (core.autocast)."""
+        return core.autocast(self.bf16, self.device)
 
     @classmethod
     def prepare(cls, run_hparams: PortRunHParams, passes, model_hparams, *, resident, trained, what, smallest=1):

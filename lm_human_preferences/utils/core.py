@@ -628,9 +628,10 @@ def microbatched(fn, size, *tensors):
     return cat_pieces([fn(*(t[piece] for t in tensors)) for piece in microbatches(len(tensors[0]), size)])
 
 
-def autocast(enabled):
-    """bf16 autocast on our device (the original ran fp32; bf16 is opt-in via the trainers' hparams)."""
-    return torch.autocast(device_type=get_device().type, dtype=torch.bfloat16, enabled=enabled)
+def autocast(enabled, device=None):
+    """Ours, the one autocast helper: bf16 autocast on `device` (default: ours, get_device()) where enabled; a
+    no-op block elsewhere (the original ran fp32; run.bf16 turns it on: training/execution.py)."""
+    return torch.autocast(device_type=(device or get_device()).type, dtype=torch.bfloat16, enabled=enabled)
 
 
 class FlatStats:

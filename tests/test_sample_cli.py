@@ -173,10 +173,10 @@ def test_best_of_n_refuses_what_it_cannot_use(tmp_path, run_dir, sample_cli):
     # One line each, before any model is loaded: no run, a bad count, a run that is not an offline experiment's.
     with pytest.raises(sample_cli.launch.ConfigError, match=r'^best_of_n needs --save_dir DIR, a train_policy save '
                                                             r'dir; .*nowhere has no train_policy_hparams.json$'):
-        sample_cli.launch_best_of_n(save_dir=str(tmp_path / 'nowhere'))
+        sample_cli.COMMANDS["best_of_n"](save_dir=str(tmp_path / 'nowhere'))
     for n in (0, 2.5):
         with pytest.raises(sample_cli.launch.ConfigError, match=rf'^best_of_n: --n is {n}; it must be a whole number at least 1$'):
-            sample_cli.launch_best_of_n(save_dir=str(run_dir), n=n)
+            sample_cli.COMMANDS["best_of_n"](save_dir=str(run_dir), n=n)
     with pytest.raises(sample_cli.launch.ConfigError, match=r"^best_of_n is for the offline experiments \(demo, "
                                                             r"sentiment_mini\), .* task.query_dataset 'test'$"):
-        sample_cli.launch_best_of_n(save_dir=str(run_dir))
+        sample_cli.COMMANDS["best_of_n"](save_dir=str(run_dir))

@@ -117,7 +117,7 @@ def test_short_sentiment_mini(tmp_path, short_mini, capsys):
         assert row['labeler_pick'] == pytest.approx(float(scores[:, :row['k']].max(dim=1).values.mean()))
         assert row['kl_bound'] == pytest.approx(np.log(row['k']) - (row['k'] - 1) / row['k'])
     assert rows[1]['labeler_pick'] <= rows[2]['labeler_pick']
-    sample_cli.launch_best_of_n(save_dir=str(save_dir), n=4, queries=8)
+    sample_cli.COMMANDS["best_of_n"](save_dir=str(save_dir), n=4, queries=8)
     out = capsys.readouterr().out
     assert 'VADER compound score of the best of k samples of the initial policy, on 8 test queries; ' in out
     assert re.search(r'^   4      0\.64 +-?[\d.]+ \([+-][\d.]+\) +-?[\d.]+ \([+-][\d.]+\) +-?[\d.]+ \([+-][\d.]+\)$', out, re.M) and f"the run's PPO policy: {report['vader_gain_initial_stds']:+.2f}" in out, out

@@ -23,7 +23,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from lm_human_preferences.language import checkpoints, convert_tf, encodings, model, trained_models
+from lm_human_preferences.language import checkpoints, convert_tf, encodings, model, model_sources, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import RewardModelTrainer, TrainedRewardModel
 
@@ -203,7 +203,7 @@ def test_release_download_and_convert(tf, tmp_path, monkeypatch):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         monkeypatch.setattr(trained_models, 'GPT2_MODELS_URL', f'http://127.0.0.1:{server.server_port}/gpt-2/models')
-        monkeypatch.setattr(trained_models, 'GPT2_RELEASES', trained_models.GPT2_RELEASES + ('tiny',))
+        monkeypatch.setattr(model_sources, 'GPT2_RELEASES', model_sources.GPT2_RELEASES + ('tiny',))
         tm = trained_models.TrainedModel('tiny')
         assert tm.encoding is encodings.Main
         hp = tm.hparams()

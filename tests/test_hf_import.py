@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lm_human_preferences.language import checkpoints, encodings, hf_export, hf_import, model, trained_models
+from lm_human_preferences.language import checkpoints, encodings, hf_export, hf_import, model, model_sources, trained_models
 from lm_human_preferences.utils import gcs
 
 transformers = pytest.importorskip('transformers')  # the `test` extra
@@ -225,12 +225,12 @@ def test_a_bad_name_is_one_line_before_any_download(tmp_path):
         trained_models.TrainedModel('gpt 2')
     with pytest.raises(FileNotFoundError, match='^model directory /no/such/model does not exist$'):
         trained_models.known_n_ctx('/no/such/model')
-    assert trained_models.model_source('gpt2') == trained_models.model_source('openai-community/gpt2') == 'hub'
+    assert model_sources.model_source('gpt2') == model_sources.model_source('openai-community/gpt2') == 'hub'
     for typo in ('125M', 'Gpt2', 'bogus'):  # no owner and no GPT-2 of the hub's: not a download that fails later
         with pytest.raises(ValueError, match=rf"^model '{typo}' is none of: "):
-            trained_models.model_source(typo)
+            model_sources.model_source(typo)
     (tmp_path / 'gpt2').mkdir()
-    assert trained_models.model_source(str(tmp_path / 'gpt2')) == 'dir'  # a local folder wins
+    assert model_sources.model_source(str(tmp_path / 'gpt2')) == 'dir'  # a local folder wins
 
 
 def _hub_cache(tmp_path, repo_id, folder):

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from lm_human_preferences import demo, label_types, sentiment_mini, train_reward
 from lm_human_preferences.sentiment_mini import bindings as sentiment_mini_bindings
 from lm_human_preferences.offline import experiment, labels, pretrain
-from lm_human_preferences.language import checkpoints, datasets, encodings, model, trained_models
+from lm_human_preferences.language import checkpoints, datasets, encodings, model, model_sources, trained_models
 from lm_human_preferences.utils import gcs
 from lm_human_preferences.sentiment_mini import vader
 
@@ -32,7 +32,7 @@ def test_an_offline_experiments_model_name_is_known_at_launch(tmp_path, monkeypa
     """`demo` and `sentiment_mini` name the models their experiments make (their context length checked at
     launch), not hub models; elsewhere, before it is made, the name is one line saying which command makes it."""
     monkeypatch.setenv('LMHP_SAVED_MODELS_DIR', str(tmp_path))  # not the session's cache: the demo test made one
-    assert trained_models.model_source('demo') == trained_models.model_source('sentiment_mini') == 'offline'
+    assert model_sources.model_source('demo') == model_sources.model_source('sentiment_mini') == 'offline'
     assert trained_models.known_n_ctx('sentiment_mini') == sentiment_mini.EXPERIMENT.pretrain.n_ctx == 96
     with pytest.raises(FileNotFoundError, match=r"^model 'demo' is the demo experiment's initial model, which is not "
                                                 r"made yet: python launch.py train_policy demo NAME makes it in "):

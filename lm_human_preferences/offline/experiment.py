@@ -77,11 +77,6 @@ class OfflineExperiment:
     cpu_threads: int = 1
     encoding_note: str = ''  # what the encoding is, and where a model of another one runs (an error says it)
 
-    def __post_init__(self):
-        # task.policy.initial_model <name> names the model this experiment makes (its context length known at
-        # launch, for the length checks).
-        trained_models.OFFLINE_MODELS[self.name] = self.pretrain.n_ctx
-
 
 def check_initial_models(exp: OfflineExperiment, *tasks):
     """One line, before any work, for an initial model of another encoding than the experiment's: its dataset,

@@ -15,7 +15,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from lm_human_preferences.language import bf16, checkpoints, model, trained_models
+from lm_human_preferences.language import bf16, checkpoints, model, model_sources
 from lm_human_preferences.training.adam import AdamTF
 from lm_human_preferences.training.run import Progress
 from lm_human_preferences.utils import core as utils
@@ -50,8 +50,8 @@ def pretrain_hparams(exp, run_seed):
 def model_dir(exp, run_seed=None):
     """saved_models_dir()/<name>; <name>-seed<S> when the pretraining follows the run's seed S."""
     if exp.pretrain.seed is None:
-        return trained_models.offline_model_dir(f'{exp.name}-seed{pretrain_hparams(exp, run_seed).seed}')
-    return trained_models.offline_model_dir(exp.name)
+        return model_sources.offline_model_dir(f'{exp.name}-seed{pretrain_hparams(exp, run_seed).seed}')
+    return model_sources.offline_model_dir(exp.name)
 
 
 def _pretrain_key(exp, hparams: PretrainHParams):

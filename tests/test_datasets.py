@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from lm_human_preferences.datasets import books, cnndm, local, tldr
-from lm_human_preferences.language import datasets, encodings
+from lm_human_preferences.language import datasets, encodings, query_streams
 from lm_human_preferences.utils import gcs, launch
 
 P = 27  # the test encoding's padding token ('a'..'z' are 0..25, '.' is 26)
@@ -138,7 +138,7 @@ def test_sharding_takes_every_nth_query_of_the_repeated_stream():
     order = np.array([3, 1, 4, 0, 9, 2, 6])  # 7 valid queries, shuffled
     stream = [order[i % 7] for i in range(40)]
     for shard in range(3):
-        data = datasets.ArrayQueries(queries, order, num_shards=3, shard_idx=shard, repeat_count=None)
+        data = query_streams.ArrayQueries(queries, order, num_shards=3, shard_idx=shard, repeat_count=None)
         got = torch.cat([data.next_batch(4) for _ in range(3)])
         want = torch.tensor(queries[stream[shard::3][:12]])
         assert torch.equal(got, want)
@@ -146,7 +146,7 @@ def test_sharding_takes_every_nth_query_of_the_repeated_stream():
 
 def test_finite_repeat_count_drops_the_remainder():
     queries = np.arange(5)[:, None]
-    data = datasets.ArrayQueries(queries, np.arange(5), num_shards=2, shard_idx=1, repeat_count=2)
+    data = query_streams.ArrayQueries(queries, np.arange(5), num_shards=2, shard_idx=1, repeat_count=2)
     # Stream of 10: shard 1 gets positions 1, 3, 5, 7, 9 -> queries 1, 3, 0, 2, 4.
     assert data.next_batch(2).flatten().tolist() == [1, 3]
     assert data.next_batch(2).flatten().tolist() == [0, 2]

@@ -10,6 +10,7 @@ What replaced the original's TF1 graph machinery (details in PORTING.md):
   `tf.train.AdamOptimizer(epsilon=1e-5)`: `AdamTF`.
 - `where` (scalar broadcasting), `shape_list`, `map_flat_bits`, `add_batch_dim`, `mpi_read_file`,
   `SampleBuffer.write/write_add` are not ported: torch does these natively or nothing uses them.
+The original's functions come first, in its order; ours follow them.
 """
 
 import collections.abc
@@ -25,6 +26,19 @@ import torch
 import torch.distributed as dist
 
 from lm_human_preferences.utils import ranks
+
+
+def get_device():
+    """One GPU per process, like the original's _our_gpu() (one per rank there); CPU when there is none."""
+    if torch.cuda.is_available():
+        return torch.device('cuda', get_local_rank() % torch.cuda.device_count())
+    return torch.device('cpu')
+
+
+def set_mpi_seed(seed: Optional[int]):
+    """Seed each rank's torch, numpy and random streams with seed + rank * 100003, as the original (None:
+    fresh entropy); ours: the process's own streams, used outside the rank sections, with seed."""
+    ranks.seed(seed)
 
 
 def exact_div(a, b):
@@ -83,15 +97,6 @@ def flatten_dict(nested, sep='.'):
     flat = {}
     rec(nested, '', flat)
     return flat
-
-
-def safe_zip(*args):
-    """Zip, but require all sequences to be the same length."""
-    args = tuple(map(tuple, args))
-    for a in args[1:]:
-        if len(args[0]) != len(a):
-            raise ValueError(f'Lengths do not match: {[len(a) for a in args]}')
-    return zip(*args)
 
 
 @dataclass
@@ -181,6 +186,238 @@ def logprobs_from_logits(*, logits, labels):
     return torch.log_softmax(logits, dim=-1).gather(-1, labels.long().unsqueeze(-1)).squeeze(-1)
 
 
+def sample_from_logits(logits, generator=None):
+    """One categorical sample per row of logits (any leading shape); returns int64 token ids.
+
+    tf.random.categorical's own algorithm (TF's Multinomial kernel): a running sum in float64 of
+    exp(logit - max) over the finite logits, searched (upper bound) for uniform * total. TF computes
+    the exp in float64 too; float32 is 6x faster and off by ~1e-7 relative per logit. torch.multinomial
+    samples the same distribution but draws one exponential variate per logit: after the matmuls, it
+    was the largest cost of a sampling step (15 ms of [16, 50257] logits on 2 cores, against 1.3 ms).
+    """
+    samples, has_finite = sample_from_logits_unchecked(logits, generator)
+    check_rows_have_finite_logits(has_finite)
+    return samples
+
+
+def take_top_k_logits(logits, k):
+    values, _ = torch.topk(logits, k=k, dim=-1)
+    min_values = values[..., -1:]
+    return torch.where(logits < min_values, torch.full_like(logits, -1e10), logits)
+
+
+def take_top_p_logits(logits, p):
+    """Nucleus sampling"""
+    sorted_logits, _ = torch.sort(logits, dim=-1, descending=True)
+    cumulative_probs = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
+    # number of indices to include
+    n_keep = torch.clamp((cumulative_probs <= p).sum(dim=-1) - 1, min=0)
+    min_values = sorted_logits.gather(-1, n_keep.unsqueeze(-1))
+    return torch.where(logits < min_values, torch.full_like(logits, -1e10), logits)
+
+
+def whiten(values, shift_mean=True, groups=1):
+    """groups (ours): the rows of values are that many equal blocks, each whitened over its own elements:
+    the ranks a process carries side by side, each of which the original whitened over its own minibatch."""
+    blocks = values.reshape(groups, -1)  # [groups, elements of a block]
+    mean, var = moments(blocks, dim=1)
+    whitened = (blocks - mean) * torch.rsqrt(var + 1e-8)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened.view_as(values)
+
+
+def map_flat(f, values):
+    """Apply the function f to flattened, concatenated values, then split and reshape back to original shapes."""
+    values = list(values)
+    flat = torch.cat([v.reshape(-1) for v in values])
+    flat = f(flat)
+    parts = torch.split(flat, [v.numel() for v in values])
+    return [p.reshape(v.shape) for p, v in zip(parts, values)]
+
+
+def mpi_bcast(value, root=0):
+    """Broadcast value from process `root` (process 0 carries rank 0) to the other processes.
+
+    A tensor is broadcast in place of an equally shaped tensor on every process (as the original, whose
+    tensors had static shapes); anything else (numpy arrays, python objects) is pickled.
+    """
+    ranks.refuse_in_section('mpi_bcast')
+    if not _processes_on():
+        return value
+    if isinstance(value, torch.Tensor):
+        buf = value.detach().to(_comm_device()).clone()
+        dist.broadcast(buf, src=root)
+        return buf.to(value.device)
+    obj = [value if ranks.process_index() == root else None]
+    dist.broadcast_object_list(obj, src=root, device=_comm_device())
+    return obj[0]
+
+
+def chunk_tensors(tensors, *, limit=1 << 28):
+    """Chunk the list of tensors into groups of size at most `limit` bytes (and a single dtype each, since
+    the groups are concatenated for one collective call)."""
+    batches = []
+    total = 0
+    for v in tensors:
+        size = v.element_size() * v.numel()
+        if not batches or total + size > limit or batches[-1][0].dtype != v.dtype:
+            total = 0
+            batches.append([])
+        total += size
+        batches[-1].append(v)
+    return batches
+
+
+@torch.no_grad()
+def sync_params(params, root=0):
+    """Copy params (an nn.Module or a list of tensors) from process `root` to the other processes.
+
+    Replaces the original's variable_synchronizer; chunked, one broadcast per chunk.
+    """
+    ranks.refuse_in_section('sync_params')
+    if not _processes_on():
+        return
+    tensors = _module_tensors(params)
+    for batch in chunk_tensors(tensors):
+        values = map_flat(lambda flat: mpi_bcast(flat, root=root), batch)
+        for t, v in zip(batch, values):
+            t.copy_(v)
+
+
+def mpi_allreduce_sum(values):
+    """The sum over all ranks of a value each rank computed (a tensor, numpy array or python number).
+
+    values: the list of the values of this process's ranks, in local_ranks() order (one value where a
+    process is a rank). Collective over processes; returns the same kind as the values.
+    """
+    ranks.refuse_in_section('mpi_allreduce_sum')
+    if not isinstance(values, (list, tuple)) or len(values) != len(ranks.local_ranks()):
+        raise TypeError(f'mpi_allreduce_sum takes the list of the values of this process\'s '
+                        f'{len(ranks.local_ranks())} ranks, got {type(values).__name__}'
+                        + (f' of {len(values)}' if isinstance(values, (list, tuple)) else ''))
+    total = values[0]
+    for v in values[1:]:
+        total = total + v
+    return _processes_sum(total)
+
+
+def mpi_allreduce_mean(values):
+    """The mean over all ranks; values as in mpi_allreduce_sum."""
+    total = mpi_allreduce_sum(values)
+    scale = 1 / get_world_size()
+    return total if scale == 1 else total * scale
+
+
+class FlatStats:
+    """A bunch of statistics stored as a single flat tensor."""
+
+    def __init__(self, keys, flat):
+        keys = tuple(keys)
+        flat = torch.as_tensor(flat, dtype=torch.float32)
+        assert flat.shape == (len(keys),), f'FlatStats: {len(keys)} keys but flat has shape {tuple(flat.shape)}'
+        self.keys = keys
+        self.flat = flat
+
+    @staticmethod
+    def from_dict(stats):
+        for k, v in stats.items():
+            if not isinstance(v, torch.Tensor) or v.dtype != torch.float32:
+                dtype = v.dtype if isinstance(v, torch.Tensor) else type(v).__name__
+                raise ValueError('Statistic %s has dtype %r, expected %r' % (k, dtype, torch.float32))
+        keys = tuple(sorted(stats.keys()))
+        flat = torch.stack([stats[k].reshape(()) for k in keys])
+        return FlatStats(keys, flat)
+
+    def concat(self, more):
+        dups = set(self.keys) & set(more.keys)
+        if dups:
+            raise ValueError('Duplicate statistics: %s' % ', '.join(sorted(dups)))
+        return FlatStats(self.keys + more.keys, torch.cat([self.flat, more.flat.to(self.flat.device)]))
+
+    def as_dict(self):
+        return dict(safe_zip(self.keys, self.flat.unbind(0)))
+
+    def with_values(self, flat):
+        return FlatStats(self.keys, flat)
+
+    def map_flat(self, f):
+        return FlatStats(self.keys, f(self.flat))
+
+
+def pearson_r(x, y):
+    assert x.dim() == 1, f'pearson_r: x must be 1-D, got shape {tuple(x.shape)}'
+    assert y.dim() == 1, f'pearson_r: y must be 1-D, got shape {tuple(y.shape)}'
+    x_mean, x_var = moments(x)
+    y_mean, y_var = moments(y)
+    cov = torch.mean((x - x_mean) * (y - y_mean), dim=0)
+    return cov / torch.sqrt(x_var * y_var)
+
+
+def safe_zip(*args):
+    """Zip, but require all sequences to be the same length."""
+    args = tuple(map(tuple, args))
+    for a in args[1:]:
+        if len(args[0]) != len(a):
+            raise ValueError(f'Lengths do not match: {[len(a) for a in args]}')
+    return zip(*args)
+
+
+def get_summary_writer(save_dir, subdir='', purge_step=None):
+    """A TensorBoard writer under <save_dir>/tb/<subdir> on rank 0; None elsewhere or without a save_dir.
+    purge_step (ours, for a resumed run): TensorBoard hides the events this dir holds from that step on."""
+    if not is_root() or save_dir is None:
+        return None
+    # tensorboard uses TensorFlow's file I/O when TensorFlow is importable (here: tensorflow-cpu, for the
+    # converter), which costs seconds per process; its own stub writes the same event files.
+    if 'tensorflow' not in sys.modules:
+        sys.modules.setdefault('tensorboard.compat.notf', types.ModuleType('tensorboard.compat.notf'))
+    from torch.utils.tensorboard import SummaryWriter  # imported lazily: it pulls in tensorboard
+    return SummaryWriter(os.path.join(save_dir, 'tb', subdir), purge_step=purge_step)
+
+
+def record_stats(*, stats, summary_writer, step, log_interval):
+    """Log stats (dict of name -> scalar, already averaged over ranks) on the process that carries rank 0:
+    print a table every log_interval steps and write every step to TensorBoard. Returns the dict of floats
+    (on every process). training/run.py's StatsLog adds the JSONL file and wandb."""
+    means = {k: _to_float(v) for k, v in stats.items()}
+    step = int(step)
+    if not is_root():
+        return means
+    if log_interval and step % log_interval == 0:
+        print(_format_table(means, step))
+    if summary_writer is not None:
+        for k, v in means.items():
+            summary_writer.add_scalar(k, v, global_step=step)
+        summary_writer.flush()
+    return means
+
+
+@torch.no_grad()
+def mpi_allreduce_mean_grads(params):
+    """The gradient all-reduce of the original's `minimize` (map_flat_chunked(mpi_allreduce_mean, grads)).
+
+    A process computes the gradient of the mean of its ranks' losses in one backward pass (its ranks are
+    side by side in one batch), so its .grad is the mean over the ranks it carries; this sets .grad to the
+    mean over all ranks: the mean over processes (each carries as many ranks), summed in float64 so that
+    the result does not depend on the order of the sums. Params without .grad keep None, as the original
+    dropped None gradients. Collective over processes; nothing to do with one process.
+    """
+    ranks.refuse_in_section('mpi_allreduce_mean_grads')
+    if not _processes_on():
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    scale = 1 / ranks.num_processes()
+    for chunk in chunk_tensors(grads, limit=1 << 28):
+        values = map_flat(lambda flat: _processes_sum(flat.double()) * scale, chunk)
+        for g, v in zip(chunk, values):
+            g.copy_(v)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Ours, after the original's functions: the sampler's and the trainers' helpers of the functions above.
+
+
 def logprobs_and_entropies_from_logits(*, logits, labels):
     """Ours: (logprobs_from_logits, entropy_from_logits) of the same logits [..., n_vocab] from one
     log-softmax: the entropy is -sum(p * log p) of it, computed without autograd (no loss of the original
@@ -204,20 +441,6 @@ def _search_running_sum(cdf, target):
     index = torch.searchsorted(cdf, target, right=True)
     last = torch.searchsorted(cdf, cdf[:, -1:].contiguous(), right=False)
     return torch.where(index < cdf.shape[1], index, last).clamp_max_(cdf.shape[1] - 1)
-
-
-def sample_from_logits(logits, generator=None):
-    """One categorical sample per row of logits (any leading shape); returns int64 token ids.
-
-    tf.random.categorical's own algorithm (TF's Multinomial kernel): a running sum in float64 of
-    exp(logit - max) over the finite logits, searched (upper bound) for uniform * total. TF computes
-    the exp in float64 too; float32 is 6x faster and off by ~1e-7 relative per logit. torch.multinomial
-    samples the same distribution but draws one exponential variate per logit: after the matmuls, it
-    was the largest cost of a sampling step (15 ms of [16, 50257] logits on 2 cores, against 1.3 ms).
-    """
-    samples, has_finite = sample_from_logits_unchecked(logits, generator)
-    check_rows_have_finite_logits(has_finite)
-    return samples
 
 
 def sample_from_logits_unchecked(logits, generator=None, uniform=None):
@@ -265,22 +488,6 @@ def check_rows_have_finite_logits(has_finite):
         raise FloatingPointError(f'sample_from_logits: rows {rows[:10]} have no finite logits')
 
 
-def take_top_k_logits(logits, k):
-    values, _ = torch.topk(logits, k=k, dim=-1)
-    min_values = values[..., -1:]
-    return torch.where(logits < min_values, torch.full_like(logits, -1e10), logits)
-
-
-def take_top_p_logits(logits, p):
-    """Nucleus sampling"""
-    sorted_logits, _ = torch.sort(logits, dim=-1, descending=True)
-    cumulative_probs = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
-    # number of indices to include
-    n_keep = torch.clamp((cumulative_probs <= p).sum(dim=-1) - 1, min=0)
-    min_values = sorted_logits.gather(-1, n_keep.unsqueeze(-1))
-    return torch.where(logits < min_values, torch.full_like(logits, -1e10), logits)
-
-
 def moments(values, dim=None):
     """Mean and population variance over all elements (or along dim, kept), as tf.nn.moments (no gradient
     through the mean in var)."""
@@ -291,28 +498,8 @@ def moments(values, dim=None):
     return mean, torch.mean((values - mean.detach()) ** 2, dim, keepdim=True)
 
 
-def whiten(values, shift_mean=True, groups=1):
-    """groups (ours): the rows of values are that many equal blocks, each whitened over its own elements:
-    the ranks a process carries side by side, each of which the original whitened over its own minibatch."""
-    blocks = values.reshape(groups, -1)  # [groups, elements of a block]
-    mean, var = moments(blocks, dim=1)
-    whitened = (blocks - mean) * torch.rsqrt(var + 1e-8)
-    if not shift_mean:
-        whitened = whitened + mean
-    return whitened.view_as(values)
-
-
-def pearson_r(x, y):
-    assert x.dim() == 1, f'pearson_r: x must be 1-D, got shape {tuple(x.shape)}'
-    assert y.dim() == 1, f'pearson_r: y must be 1-D, got shape {tuple(y.shape)}'
-    x_mean, x_var = moments(x)
-    y_mean, y_var = moments(y)
-    cov = torch.mean((x - x_mean) * (y - y_mean), dim=0)
-    return cov / torch.sqrt(x_var * y_var)
-
-
 # ---------------------------------------------------------------------------------------------------
-# Distributed: torch.distributed replaces MPI, and a rank is not a process (utils/ranks.py): the
+# Ours, distributed: torch.distributed replaces MPI, and a rank is not a process (utils/ranks.py): the
 # `--mpi N` ranks are carried by the processes of the group, N / P each, side by side. With no
 # process group and no layout a process is one MPI rank (world size 1), so the trainers and tests run
 # unchanged in one process.
@@ -360,24 +547,11 @@ def get_local_rank():
     return int(os.environ.get('LOCAL_RANK', '0'))
 
 
-def get_device():
-    """One GPU per process, like the original's _our_gpu() (one per rank there); CPU when there is none."""
-    if torch.cuda.is_available():
-        return torch.device('cuda', get_local_rank() % torch.cuda.device_count())
-    return torch.device('cpu')
-
-
 def _comm_device():
     # NCCL only moves CUDA tensors; gloo is used on CPU.
     if dist.get_backend() == 'nccl':
         return torch.device('cuda', torch.cuda.current_device())
     return torch.device('cpu')
-
-
-def set_mpi_seed(seed: Optional[int]):
-    """Seed each rank's torch, numpy and random streams with seed + rank * 100003, as the original (None:
-    fresh entropy); ours: the process's own streams, used outside the rank sections, with seed."""
-    ranks.seed(seed)
 
 
 def _processes_on():
@@ -430,48 +604,6 @@ def processes_min(value: int):
     return int(buf.item())
 
 
-def mpi_allreduce_sum(values):
-    """The sum over all ranks of a value each rank computed (a tensor, numpy array or python number).
-
-    values: the list of the values of this process's ranks, in local_ranks() order (one value where a
-    process is a rank). Collective over processes; returns the same kind as the values.
-    """
-    ranks.refuse_in_section('mpi_allreduce_sum')
-    if not isinstance(values, (list, tuple)) or len(values) != len(ranks.local_ranks()):
-        raise TypeError(f'mpi_allreduce_sum takes the list of the values of this process\'s '
-                        f'{len(ranks.local_ranks())} ranks, got {type(values).__name__}'
-                        + (f' of {len(values)}' if isinstance(values, (list, tuple)) else ''))
-    total = values[0]
-    for v in values[1:]:
-        total = total + v
-    return _processes_sum(total)
-
-
-def mpi_allreduce_mean(values):
-    """The mean over all ranks; values as in mpi_allreduce_sum."""
-    total = mpi_allreduce_sum(values)
-    scale = 1 / get_world_size()
-    return total if scale == 1 else total * scale
-
-
-def mpi_bcast(value, root=0):
-    """Broadcast value from process `root` (process 0 carries rank 0) to the other processes.
-
-    A tensor is broadcast in place of an equally shaped tensor on every process (as the original, whose
-    tensors had static shapes); anything else (numpy arrays, python objects) is pickled.
-    """
-    ranks.refuse_in_section('mpi_bcast')
-    if not _processes_on():
-        return value
-    if isinstance(value, torch.Tensor):
-        buf = value.detach().to(_comm_device()).clone()
-        dist.broadcast(buf, src=root)
-        return buf.to(value.device)
-    obj = [value if ranks.process_index() == root else None]
-    dist.broadcast_object_list(obj, src=root, device=_comm_device())
-    return obj[0]
-
-
 def all_gather_ranks(values):
     """Ours: [the value of rank 0, of rank 1, ...] on every process, from the list of this process's
     ranks' values (picklable objects). Collective over processes."""
@@ -495,72 +627,11 @@ def gather_ranks_to_root(values):
     return None if gathered is None else [v for process_values in gathered for v in process_values]
 
 
-def chunk_tensors(tensors, *, limit=1 << 28):
-    """Chunk the list of tensors into groups of size at most `limit` bytes (and a single dtype each, since
-    the groups are concatenated for one collective call)."""
-    batches = []
-    total = 0
-    for v in tensors:
-        size = v.element_size() * v.numel()
-        if not batches or total + size > limit or batches[-1][0].dtype != v.dtype:
-            total = 0
-            batches.append([])
-        total += size
-        batches[-1].append(v)
-    return batches
-
-
-def map_flat(f, values):
-    """Apply the function f to flattened, concatenated values, then split and reshape back to original shapes."""
-    values = list(values)
-    flat = torch.cat([v.reshape(-1) for v in values])
-    flat = f(flat)
-    parts = torch.split(flat, [v.numel() for v in values])
-    return [p.reshape(v.shape) for p, v in zip(parts, values)]
-
-
 def _module_tensors(params):
     if isinstance(params, torch.nn.Module):
         # Parameters and buffers (e.g. a reward model's gain/bias), in state_dict order (same on every rank).
         return list(params.state_dict(keep_vars=True).values())
     return list(params)
-
-
-@torch.no_grad()
-def sync_params(params, root=0):
-    """Copy params (an nn.Module or a list of tensors) from process `root` to the other processes.
-
-    Replaces the original's variable_synchronizer; chunked, one broadcast per chunk.
-    """
-    ranks.refuse_in_section('sync_params')
-    if not _processes_on():
-        return
-    tensors = _module_tensors(params)
-    for batch in chunk_tensors(tensors):
-        values = map_flat(lambda flat: mpi_bcast(flat, root=root), batch)
-        for t, v in zip(batch, values):
-            t.copy_(v)
-
-
-@torch.no_grad()
-def mpi_allreduce_mean_grads(params):
-    """The gradient all-reduce of the original's `minimize` (map_flat_chunked(mpi_allreduce_mean, grads)).
-
-    A process computes the gradient of the mean of its ranks' losses in one backward pass (its ranks are
-    side by side in one batch), so its .grad is the mean over the ranks it carries; this sets .grad to the
-    mean over all ranks: the mean over processes (each carries as many ranks), summed in float64 so that
-    the result does not depend on the order of the sums. Params without .grad keep None, as the original
-    dropped None gradients. Collective over processes; nothing to do with one process.
-    """
-    ranks.refuse_in_section('mpi_allreduce_mean_grads')
-    if not _processes_on():
-        return
-    grads = [p.grad for p in params if p.grad is not None]
-    scale = 1 / ranks.num_processes()
-    for chunk in chunk_tensors(grads, limit=1 << 28):
-        values = map_flat(lambda flat: _processes_sum(flat.double()) * scale, chunk)
-        for g, v in zip(chunk, values):
-            g.copy_(v)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -570,7 +641,6 @@ def mpi_allreduce_mean_grads(params):
 
 class NonFiniteError(FloatingPointError):
     """A loss, reward or gradient is NaN or infinite."""
-
 
 
 def grad_norm(params):
@@ -605,6 +675,9 @@ def check_finite(step, **metrics):
                                  f'(the checkpoints already written are kept)')
 
 
+# ---------------------------------------------------------------------------------------------------
+# Ours: microbatches (run.microbatch_size), autocast (run.bf16), and record_stats's table.
+
 def microbatches(n, size):
     """Ours: slices [0, size), [size, 2 size), ... covering range(n), the pieces of a batch of n rows that
     a model pass of at most `size` rows takes one after another (run.microbatch_size); None: one piece."""
@@ -634,76 +707,10 @@ def autocast(enabled, device=None):
     return torch.autocast(device_type=(device or get_device()).type, dtype=torch.bfloat16, enabled=enabled)
 
 
-class FlatStats:
-    """A bunch of statistics stored as a single flat tensor."""
-
-    def __init__(self, keys, flat):
-        keys = tuple(keys)
-        flat = torch.as_tensor(flat, dtype=torch.float32)
-        assert flat.shape == (len(keys),), f'FlatStats: {len(keys)} keys but flat has shape {tuple(flat.shape)}'
-        self.keys = keys
-        self.flat = flat
-
-    @staticmethod
-    def from_dict(stats):
-        for k, v in stats.items():
-            if not isinstance(v, torch.Tensor) or v.dtype != torch.float32:
-                dtype = v.dtype if isinstance(v, torch.Tensor) else type(v).__name__
-                raise ValueError('Statistic %s has dtype %r, expected %r' % (k, dtype, torch.float32))
-        keys = tuple(sorted(stats.keys()))
-        flat = torch.stack([stats[k].reshape(()) for k in keys])
-        return FlatStats(keys, flat)
-
-    def concat(self, more):
-        dups = set(self.keys) & set(more.keys)
-        if dups:
-            raise ValueError('Duplicate statistics: %s' % ', '.join(sorted(dups)))
-        return FlatStats(self.keys + more.keys, torch.cat([self.flat, more.flat.to(self.flat.device)]))
-
-    def as_dict(self):
-        return dict(safe_zip(self.keys, self.flat.unbind(0)))
-
-    def with_values(self, flat):
-        return FlatStats(self.keys, flat)
-
-    def map_flat(self, f):
-        return FlatStats(self.keys, f(self.flat))
-
-
-def get_summary_writer(save_dir, subdir='', purge_step=None):
-    """A TensorBoard writer under <save_dir>/tb/<subdir> on rank 0; None elsewhere or without a save_dir.
-    purge_step (ours, for a resumed run): TensorBoard hides the events this dir holds from that step on."""
-    if not is_root() or save_dir is None:
-        return None
-    # tensorboard uses TensorFlow's file I/O when TensorFlow is importable (here: tensorflow-cpu, for the
-    # converter), which costs seconds per process; its own stub writes the same event files.
-    if 'tensorflow' not in sys.modules:
-        sys.modules.setdefault('tensorboard.compat.notf', types.ModuleType('tensorboard.compat.notf'))
-    from torch.utils.tensorboard import SummaryWriter  # imported lazily: it pulls in tensorboard
-    return SummaryWriter(os.path.join(save_dir, 'tb', subdir), purge_step=purge_step)
-
-
 def _to_float(v):
     if isinstance(v, torch.Tensor):
         return v.detach().float().item()
     return float(v)
-
-
-def record_stats(*, stats, summary_writer, step, log_interval):
-    """Log stats (dict of name -> scalar, already averaged over ranks) on the process that carries rank 0:
-    print a table every log_interval steps and write every step to TensorBoard. Returns the dict of floats
-    (on every process). training/run.py's StatsLog adds the JSONL file and wandb."""
-    means = {k: _to_float(v) for k, v in stats.items()}
-    step = int(step)
-    if not is_root():
-        return means
-    if log_interval and step % log_interval == 0:
-        print(_format_table(means, step))
-    if summary_writer is not None:
-        for k, v in means.items():
-            summary_writer.add_scalar(k, v, global_step=step)
-        summary_writer.flush()
-    return means
 
 
 def _format_table(means, step):

@@ -28,7 +28,7 @@ from lm_human_preferences.language import sample, trained_models
 from lm_human_preferences.online import loop as online_loop
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import TrainedRewardModel
-from lm_human_preferences.training import checkpointing, memory
+from lm_human_preferences.training import checkpointing, memory, run_checks
 from lm_human_preferences.training.adam import AdamTF
 from lm_human_preferences.training.execution import Execution
 from lm_human_preferences.training.run import Progress, Run
@@ -44,10 +44,7 @@ class AdaptiveKLParams(hyperparams.HParams):
 
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
-        # Ours: AdaptiveKLController divides by both.
-        hyperparams.require(hyperparams.positive(self.target), prefix + 'target', self.target,
-                            'it must be a positive number (the KL the controller aims at)')
-        hyperparams.require(self.horizon > 0, prefix + 'horizon', self.horizon, 'it must be at least 1')
+        run_checks.check_adaptive_kl(self, prefix=prefix)  # ours: AdaptiveKLController divides by both
 
 
 @dataclass
@@ -63,14 +60,7 @@ class RewardHParams(hyperparams.HParams):
 
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
-        if self.adaptive_kl is None:
-            hyperparams.require(hyperparams.nonnegative(self.kl_coef), prefix + 'kl_coef', self.kl_coef,
-                                'it must be a number at least 0 (0: no KL penalty)')
-        else:
-            # The controller only multiplies it: from 0 it never moves, and a negative one rewards the KL.
-            hyperparams.require(hyperparams.positive(self.kl_coef), prefix + 'kl_coef', self.kl_coef,
-                                f'it must be a positive number with {prefix}adaptive_kl on (the controller only '
-                                f'multiplies it: 0 stays 0)')
+        run_checks.check_kl_coef(self, prefix=prefix)  # ours
         # The original asserted these; a ValueError names the keys.
         if self.trained_model is not None and self.train_new_model is not None:
             raise ValueError(f'Cannot use trained_model and train new model: set only one of '
@@ -119,32 +109,11 @@ class HParams(hyperparams.HParams):
 
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
-        check_reward_task(self, prefix=prefix)
-        # Ours: the values a run cannot use, in one line each, at launch.
-        ppo, require = self.ppo, hyperparams.require
-        for name in ('batch_size', 'nminibatches', 'noptepochs', 'total_episodes'):
-            require(getattr(ppo, name) > 0, f'{prefix}ppo.{name}', getattr(ppo, name), 'it must be at least 1')
-        require(hyperparams.positive(ppo.lr), f'{prefix}ppo.lr', ppo.lr, 'it must be a positive number')
-        for name in ('cliprange', 'cliprange_value'):
-            require(hyperparams.positive(getattr(ppo, name)), f'{prefix}ppo.{name}', getattr(ppo, name),
-                    'it must be a positive number')
-        require(hyperparams.nonnegative(ppo.vf_coef), f'{prefix}ppo.vf_coef', ppo.vf_coef,
-                'it must be a number at least 0')
-        for name in ('gamma', 'lam'):
-            require(hyperparams.fraction(getattr(ppo, name)), f'{prefix}ppo.{name}', getattr(ppo, name),
-                    'it must be a number from 0 to 1')
-        adaptive_kl = self.rewards.adaptive_kl
-        if adaptive_kl is not None:
-            # Each batch multiplies kl_coef by 1 + e * ppo.batch_size / horizon, e in [-0.2, 0.2]: at or
-            # under batch_size / 5 a batch could zero it or flip its sign.
-            require(5 * adaptive_kl.horizon > ppo.batch_size, f'{prefix}rewards.adaptive_kl.horizon',
-                    adaptive_kl.horizon,
-                    f'it must be more than {prefix}ppo.batch_size {ppo.batch_size} / 5 (each batch the controller '
-                    f'multiplies {prefix}rewards.kl_coef by down to 1 - 0.2 * batch_size / horizon, which must '
-                    f'stay positive)')
-        # NOTE: must additionally divide by # ranks (check_ranks, at launch)
-        require(ppo.batch_size % ppo.nminibatches == 0, f'{prefix}ppo.batch_size', ppo.batch_size,
-                f'it must be a multiple of {prefix}ppo.nminibatches {ppo.nminibatches}')
+        run_checks.check_policy_hparams(self, prefix=prefix)  # ours: one line for each value a run cannot use
+        ppo = self.ppo
+        # NOTE: must additionally divide by # ranks (run_checks.check_policy_ranks, at launch)
+        hyperparams.require(ppo.batch_size % ppo.nminibatches == 0, f'{prefix}ppo.batch_size', ppo.batch_size,
+                            f'it must be a multiple of {prefix}ppo.nminibatches {ppo.nminibatches}')
         minibatch_size = ppo.batch_size // ppo.nminibatches
         if ppo.whiten_rewards and minibatch_size < 8:
             raise ValueError(f"Minibatch size {minibatch_size} (ppo.batch_size / ppo.nminibatches) is "
@@ -152,24 +121,6 @@ class HParams(hyperparams.HParams):
                              f"--{prefix}ppo.batch_size {8 * ppo.nminibatches} or more, fewer "
                              f"--{prefix}ppo.nminibatches, or --{prefix}ppo.whiten_rewards false")
         online_loop.check_hparams(self, nupdates(self), prefix=prefix)
-
-
-def check_reward_task(hparams: HParams, *, prefix=''):
-    """The reward model trained here (rewards.train_new_model) learns from samples of the policy's task,
-    so its task must be the policy's (the original asserted `hparams.task == ...task` in train, printing
-    both reprs): one line naming the first field that differs."""
-    if hparams.rewards.train_new_model is None:
-        return
-    ours = utils.flatten_dict(hparams.task.to_nested_dict(), sep='.')
-    theirs = utils.flatten_dict(hparams.rewards.train_new_model.task.to_nested_dict(), sep='.')
-    differ = [k for k in ours if ours[k] != theirs[k]]
-    if differ:
-        k = differ[0]
-        also = f' (also differing: {", ".join(differ[1:])})' if len(differ) > 1 else ''
-        raise hyperparams.HParamValueError(
-            f"hyperparameter '{prefix}rewards.train_new_model.task.{k}' is {theirs[k]!r} but '{prefix}task.{k}' is "
-            f"{ours[k]!r}: the reward model is trained on the policy's task, they must be equal (--task.{k} "
-            f"alone sets both){also}")
 
 
 def chain_reward_model(hparams: HParams):
@@ -189,28 +140,6 @@ def chain_reward_model(hparams: HParams):
     if hparams.run.wandb:  # in the policy's project: a group lives in one project
         hparams.rewards.train_new_model.run.wandb = True
         hparams.rewards.train_new_model.run.wandb_project = hparams.run.wandb_project
-
-
-def check_ranks(hparams: HParams, num_ranks):
-    """Ours, at launch (the original asserted the last one inside train): the batches each of num_ranks ranks
-    takes a share of must split evenly, and a rank's minibatch must hold 8 episodes to whiten over."""
-    hparams.run.check_seed(num_ranks, prefix='run.')
-    ppo = hparams.ppo
-    hyperparams.require(ppo.batch_size % (num_ranks * ppo.nminibatches) == 0, 'ppo.batch_size', ppo.batch_size,
-                        train_reward.splits_over(num_ranks, ppo.nminibatches,
-                                                 of=f' of each of the ppo.nminibatches {ppo.nminibatches} minibatches'))
-    per_rank_minibatch_size = ppo.batch_size // (num_ranks * ppo.nminibatches)
-    if ppo.whiten_rewards and per_rank_minibatch_size < 8:
-        # Ours: the fixes (the ranks that fit this batch size: those that split it into minibatches of 8+).
-        fitting_ranks = [r for r in range(1, num_ranks) if ppo.batch_size % (r * ppo.nminibatches) == 0
-                         and ppo.batch_size // (r * ppo.nminibatches) >= 8]
-        raise ValueError(f"Per-rank minibatch size {per_rank_minibatch_size} is insufficient for whitening "
-                         f"(ppo.batch_size / (ppo.nminibatches * --mpi {num_ranks} ranks) must be >= 8): use "
-                         f"--ppo.batch_size {8 * ppo.nminibatches * num_ranks} or more"
-                         + (f", --mpi {fitting_ranks[-1]}" if fitting_ranks else '')
-                         + ", or --ppo.whiten_rewards false")
-    if hparams.rewards.train_new_model:
-        train_reward.check_ranks(hparams.rewards.train_new_model, num_ranks, prefix='rewards.train_new_model.')
 
 
 def nupdates(hparams):
@@ -654,7 +583,7 @@ def resume(run, ppo_trainer, m):
 
 def train(hparams: HParams):
     """Ours: rerun with the same hparams and save dir, it resumes from the last training states there."""
-    check_reward_task(hparams)  # at launch already (validate); here for callers of train()
+    run_checks.check_reward_task(hparams)  # at launch already (validate); here for callers of train()
     # The original then loaded the new reward model from <save_dir>/reward_model (and, under pytest,
     # swapped in a random 'test' reward model); we always load the one just trained.
     chain_reward_model(hparams)
@@ -687,7 +616,7 @@ def train(hparams: HParams):
             batch_size=utils.exact_div(hparams.ppo.batch_size, utils.get_world_size()),
         )
 
-        check_ranks(hparams, utils.get_world_size())  # at launch already; here for callers of train()
+        run_checks.check_policy_ranks(hparams, utils.get_world_size())  # at launch already; for callers of train()
 
         ppo_trainer = PPOTrainer(
             policy=policy, ref_policy=ref_policy, query_sampler=query_sampler,

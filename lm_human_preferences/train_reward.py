@@ -18,7 +18,7 @@ import torch
 from lm_human_preferences import label_types, lm_tasks, rewards
 from lm_human_preferences.language import sample, trained_models
 from lm_human_preferences.policy import Policy
-from lm_human_preferences.training import checkpointing, memory
+from lm_human_preferences.training import checkpointing, memory, run_checks
 from lm_human_preferences.training.adam import AdamTF
 from lm_human_preferences.training.execution import Execution, PortRunHParams
 from lm_human_preferences.training.run import Progress, Run
@@ -43,17 +43,7 @@ class RunHParams(PortRunHParams):  # ours: bf16, wandb, microbatch_size, ... (tr
 
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
-        # Ours: one line at launch for a value the run cannot use.
-        for name in ('save_interval', 'log_interval'):
-            hyperparams.require(getattr(self, name) > 0, prefix + name, getattr(self, name), 'it must be at least 1')
-        self.check_seed(1, prefix=prefix)
-
-    def check_seed(self, num_ranks, *, prefix=''):
-        """Ours (at launch; numpy's message named no option): every rank's seed must be one numpy takes."""
-        top = 2 ** 32 - 1 - 100003 * (num_ranks - 1)  # rank r's: seed + 100003 * r (utils/ranks.seed)
-        hyperparams.require(self.seed is None or 0 <= self.seed <= top, prefix + 'seed', self.seed,
-                            f'it must be from 0 to {top}' + (f' with --mpi {num_ranks}' if num_ranks > 1 else '')
-                            + ': rank r seeds numpy (0 to 2**32 - 1) with seed + 100003 * r; unset: fresh entropy')
+        run_checks.check_run_hparams(self, prefix=prefix)  # ours: one line at launch for a value the run cannot use
 
 
 @dataclass
@@ -81,50 +71,8 @@ class HParams(hyperparams.HParams):
 
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
-        # Ours: the values a run cannot use, in one line each, at launch (the original met some of them
-        # as an assert or a division deep inside the run, and ran with others: batch_size -8 trained 0 steps).
-        require, positive = hyperparams.require, hyperparams.positive
-        for name in ('batch_size', 'rollout_batch_size'):
-            require(getattr(self, name) > 0, prefix + name, getattr(self, name), 'it must be at least 1')
-        require(self.labels.num_train > 0, prefix + 'labels.num_train', self.labels.num_train, 'it must be at least 1')
-        for name in ('normalize_samples', 'debug_normalize'):
-            require(getattr(self, name) >= 0, prefix + name, getattr(self, name), 'it must be at least 0')
-        require(positive(self.lr), prefix + 'lr', self.lr, 'it must be a positive number')
-        try:
-            label_types.get(self.labels.type)
-        except ValueError as e:
-            raise hyperparams.HParamValueError(f"hyperparameter '{prefix}labels.type': {e}") from None
-        require(self.labels.num_train % self.batch_size == 0, prefix + 'labels.num_train', self.labels.num_train,
-                f'it must be a multiple of {prefix}batch_size {self.batch_size} (one epoch of whole minibatches)')
-        microbatch_size = self.run.microbatch_size
-        if microbatch_size not in (None, 'auto'):
-            # The label type's loss compares a label's samples in one pass: they share a microbatch.
-            per_label = samples_per_label(self.labels.type)
-            if microbatch_size < per_label:
-                raise ValueError(f'{prefix}run.microbatch_size {microbatch_size} is smaller than the {per_label} '
-                                 f'sequences of one {self.labels.type} label (its query with each sample), which '
-                                 f'the reward model scores in one pass: use at least {per_label}')
-
-
-def check_ranks(hparams: HParams, num_ranks, *, prefix=''):
-    """Ours, at launch: the sizes each of num_ranks ranks takes a share of must split evenly."""
-    hparams.run.check_seed(num_ranks, prefix=prefix + 'run.')
-    sizes = ['batch_size'] + (['rollout_batch_size'] if hparams.normalize_before or hparams.normalize_after else [])
-    for name in sizes:
-        hyperparams.require(getattr(hparams, name) % num_ranks == 0, prefix + name, getattr(hparams, name),
-                            splits_over(num_ranks))
-
-
-def splits_over(num_ranks, parts=1, of=''):
-    """The one-line rule for a size that num_ranks ranks (and `parts` pieces `of` something each) share."""
-    return (f'each of the --mpi {num_ranks} ranks takes an equal share{of}: choose a multiple of {num_ranks * parts} '
-            f'(or another --mpi)')
-
-
-def samples_per_label(label_type):
-    """Ours: the samples one label of this type compares (its question's fields but the query), each a
-    sequence the reward model scores."""
-    return len(label_types.get(label_type).question_schemas(query_length=1, response_length=1)) - 1
+        run_checks.check_reward_hparams(self, prefix=prefix)  # ours: the original's exact_div, and one line for
+        # each other value a run cannot use
 
 
 def _mean_std(mean, std):
@@ -598,7 +546,7 @@ def memory_passes(hparams: HParams):
     its labels, kept until the backward pass), the held-out evaluation, and the normalization's sampling and
     scoring; the ranks side by side, the batches shared by the processes."""
     processes = ranks.num_processes()
-    samples = samples_per_label(hparams.labels.type)
+    samples = run_checks.samples_per_label(hparams.labels.type)
     tokens = hparams.task.query_length + hparams.task.response_length
     labels = utils.ceil_div(hparams.batch_size, processes)
     passes = [memory.Pass('train', samples * labels, tokens, 0), memory.Pass('forward', samples * labels, tokens, 0)]
@@ -620,7 +568,7 @@ def train(hparams: HParams):
         normalizing = hparams.normalize_before or hparams.normalize_after
         # Ours: bf16, the CUDA graph and the microbatch size ('auto': planned for the free memory), once.
         execution = Execution.prepare(hparams.run, memory_passes(hparams), m.hparams(), resident=1 + normalizing,
-                                      trained=1, what='train_reward', smallest=samples_per_label(hparams.labels.type))
+                                      trained=1, what='train_reward', smallest=run_checks.samples_per_label(hparams.labels.type))
 
         # The frozen initial policy and the query stream only serve the normalizations; the original built
         # them always (TF built graphs lazily, so its query dataset was never read without normalization).

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from lm_human_preferences.language import datasets
+from lm_human_preferences.training import run_checks
 from lm_human_preferences.utils import launch
 from test_resume import env
 
@@ -213,7 +214,6 @@ def test_model_dir(tmp_path):
 def test_task_overrides_apply_to_both_phases(argv, field, value, test_model_dir, tmp_path, capsys, monkeypatch):
     """`--task.X` on train_policy sets the task of the reward model trained first too, as the experiments bind
     it for both (all three once failed in train: 'rewards.train_new_model.task must equal task: ...')."""
-    from lm_human_preferences import train_policy
     built = []
     monkeypatch.setattr(launch, 'launch', lambda name, f, **k: built.append(f.args[0]))
     argv = [str(test_model_dir) if a == 'MODEL_DIR' else a for a in argv]
@@ -227,7 +227,7 @@ def test_task_overrides_apply_to_both_phases(argv, field, value, test_model_dir,
     for g in groups:
         policy_task = policy_task[g]
     assert policy_task[leaf] == value
-    train_policy.check_reward_task(hparams)  # what train() checks first
+    run_checks.check_reward_task(hparams)  # what train() checks first
 
     # Not with the reward model trained elsewhere: then there is no second task to set.
     built.clear()

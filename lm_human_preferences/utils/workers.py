@@ -173,7 +173,7 @@ def default_procs(mpi):
     if not torch.cuda.is_available():
         return 1
     gpus = torch.cuda.device_count()
-    return max((p for p in range(1, min(mpi, gpus) + 1) if mpi % p == 0), default=1)  # --mpi < 1: check_ranks says so
+    return max((p for p in range(1, min(mpi, gpus) + 1) if mpi % p == 0), default=1)  # --mpi < 1: check_mpi_and_procs says so
 
 
 def check_mpi_and_procs(name, mpi, procs):

@@ -286,11 +286,10 @@ def advised_microbatch_size(shape, gib=24):
         from lm_human_preferences.training import memory
     except ImportError:
         return None
-    from lm_human_preferences import train_policy
     from lm_human_preferences.language import model
     hp, _ = paper_config(shape)
     budget = int((gib - 0.5) * 2 ** 30 * memory.USABLE_FRACTION)
-    return memory.plan(train_policy.memory_passes(hp), model.HParams(**GPT2_124M), **train_policy.MEMORY_MODELS,
+    return memory.plan(memory.policy_passes(hp), model.HParams(**GPT2_124M), **memory.POLICY_MODELS,
                        bf16=True, budget=budget).microbatch_size
 
 

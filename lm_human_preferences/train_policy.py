@@ -34,7 +34,7 @@ from lm_human_preferences.training.execution import Execution
 from lm_human_preferences.training.run import Progress, Run
 from lm_human_preferences.training.side_by_side import RankBlocks
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import hyperparams, ranks
+from lm_human_preferences.utils import hyperparams
 
 
 @dataclass
@@ -550,20 +550,6 @@ def make_score_fn(hparams, score_model, microbatch_size=None):
     return score_fn
 
 
-# Ours: the models a policy run holds, for training/memory.py: the policy, its reference and the reward model
-# resident; the policy trained (its gradients and Adam's moments).
-MEMORY_MODELS = dict(resident=3, trained=1)
-
-
-def memory_passes(hparams: HParams):
-    """Ours: the model passes of this process, for training/memory.py: sampling, the forwards that score and take
-    logprobs, and the PPO loss; the ranks side by side, the batch shared by the processes."""
-    rollout = utils.ceil_div(hparams.ppo.batch_size, ranks.num_processes())
-    tokens, responses = hparams.task.query_length + hparams.task.response_length, hparams.task.response_length
-    return [memory.Pass('sample', rollout, tokens, 1), memory.Pass('forward', rollout, tokens, responses),
-            memory.Pass('train', utils.ceil_div(rollout, hparams.ppo.nminibatches), tokens, responses)]
-
-
 def resume(run, ppo_trainer, m):
     """Ours: restore ppo_trainer from the run's last training state, if any; returns save(): the model checkpoint
     (as the original) and the training state for resuming (policy, Adam, step, KL coefficient, query position,
@@ -600,7 +586,7 @@ def train(hparams: HParams):
         utils.set_mpi_seed(hparams.run.seed)
 
         # Ours: bf16, the CUDA graph and the microbatch size ('auto': planned for the free memory), once.
-        execution = Execution.prepare(hparams.run, memory_passes(hparams), m.hparams(), **MEMORY_MODELS,
+        execution = Execution.prepare(hparams.run, memory.policy_passes(hparams), m.hparams(), **memory.POLICY_MODELS,
                                       what='train_policy')
         score_model = TrainedRewardModel(hparams.rewards.trained_model, m.encoding,
                                          allow_untrained_head=hparams.rewards.allow_untrained_head).to(execution.device)

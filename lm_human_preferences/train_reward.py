@@ -24,7 +24,7 @@ from lm_human_preferences.training.execution import Execution, PortRunHParams
 from lm_human_preferences.training.run import Progress, Run
 from lm_human_preferences.training.side_by_side import RankBlocks, RankGradients
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import gcs, hyperparams, ranks
+from lm_human_preferences.utils import gcs, hyperparams
 
 
 @dataclass
@@ -541,21 +541,6 @@ class RewardModelTrainer():
         return True
 
 
-def memory_passes(hparams: HParams):
-    """Ours: the model passes of this process, for training/memory.py: the loss (one pass per sample of each of
-    its labels, kept until the backward pass), the held-out evaluation, and the normalization's sampling and
-    scoring; the ranks side by side, the batches shared by the processes."""
-    processes = ranks.num_processes()
-    samples = run_checks.samples_per_label(hparams.labels.type)
-    tokens = hparams.task.query_length + hparams.task.response_length
-    labels = utils.ceil_div(hparams.batch_size, processes)
-    passes = [memory.Pass('train', samples * labels, tokens, 0), memory.Pass('forward', samples * labels, tokens, 0)]
-    if hparams.normalize_before or hparams.normalize_after:
-        rollout = utils.ceil_div(hparams.rollout_batch_size, processes)
-        passes += [memory.Pass('sample', rollout, tokens, 1), memory.Pass('forward', rollout, tokens, 0)]
-    return passes
-
-
 def train(hparams: HParams):
     """Train a reward model; returns RewardModelTrainer.train()'s results (ours; the original: None).
     Ours: rerun with the same hparams and save dir, it resumes from the last training state there."""
@@ -567,7 +552,7 @@ def train(hparams: HParams):
         encoder = m.encoding.get_encoder()
         normalizing = hparams.normalize_before or hparams.normalize_after
         # Ours: bf16, the CUDA graph and the microbatch size ('auto': planned for the free memory), once.
-        execution = Execution.prepare(hparams.run, memory_passes(hparams), m.hparams(), resident=1 + normalizing,
+        execution = Execution.prepare(hparams.run, memory.reward_passes(hparams), m.hparams(), resident=1 + normalizing,
                                       trained=1, what='train_reward', smallest=run_checks.samples_per_label(hparams.labels.type))
 
         # The frozen initial policy and the query stream only serve the normalizations; the original built

@@ -107,7 +107,7 @@ def test_train_policy_with_auto_splits_its_passes_to_the_plan(monkeypatch, capsy
                            'ppo.total_episodes': 32, 'run.seed': 1, 'run.microbatch_size': 'auto'})
     hp.validate()
     test_model = model.HParams(n_vocab=27, n_ctx=8, n_embd=7, n_head=1, n_layer=2)
-    passes = train_policy.memory_passes(hp)
+    passes = memory.policy_passes(hp)
     fixed = memory.fixed_bytes(test_model, resident=3, trained=1, bf16=False)
     per_sequence = max(memory.bytes_per_sequence(p, test_model, bf16=False) for p in passes)
     monkeypatch.setattr(memory, 'free_bytes', lambda device: (fixed + 3.5 * per_sequence) / memory.USABLE_FRACTION)

@@ -19,6 +19,7 @@ from lm_human_preferences import train_reward as train_reward_module
 from lm_human_preferences.labeling.questions import sample_responses
 from lm_human_preferences.language import trained_models
 from lm_human_preferences.policy import Policy
+from lm_human_preferences.training import memory
 from lm_human_preferences.training.execution import Execution
 from lm_human_preferences.training.run import Progress
 from lm_human_preferences.utils import core as utils
@@ -63,7 +64,7 @@ def make_labels(exp, hparams: train_reward_module.HParams, path, *, num_labels, 
     batch_size = min(utils.exact_div(hparams.rollout_batch_size, utils.get_world_size()), per_rank)
     sampler = lm_tasks.make_query_sampler(hparams=task, encoder=encoder, batch_size=batch_size)
     # run.microbatch_size 'auto': planned as train_reward plans it (its normalization samples such rollouts).
-    execution = Execution.prepare(hparams.run, train_reward_module.memory_passes(hparams), policy.model_hparams,
+    execution = Execution.prepare(hparams.run, memory.reward_passes(hparams), policy.model_hparams,
                                   resident=1, trained=0, what=f'{exp.name} labels')
     printing, progress = utils.is_root(), Progress(utils.ceil_div(per_rank, batch_size) * len(utils.local_ranks()))
 

@@ -14,7 +14,8 @@ from typing import Optional
 
 import torch
 
-from lm_human_preferences.utils import core
+from lm_human_preferences.training import run_checks
+from lm_human_preferences.utils import core, ranks
 
 # Activations a training pass keeps for its backward pass, in bytes per token, layer and unit of width (the
 # residual stream, the layer norms' inputs, q/k/v and the attention output in fp32, the MLP's 4x wide input
@@ -119,3 +120,32 @@ def resolve(run_hparams, passes, model_hparams, *, resident, trained, device, wh
               f'use: {p.fixed / gb:.1f} GB for the models and the optimizer, {p.per_sequence / 2 ** 20:.0f} MB a '
               f'sequence in the {p.binding.kind} pass of {p.binding.tokens} tokens)')
     return p.microbatch_size
+
+
+def reward_passes(hparams):
+    """train_reward's model passes in this process: the loss (one pass per sample of each of
+    its labels, kept until the backward pass), the held-out evaluation, and the normalization's sampling and
+    scoring; the ranks side by side, the batches shared by the processes."""
+    processes = ranks.num_processes()
+    samples = run_checks.samples_per_label(hparams.labels.type)
+    tokens = hparams.task.query_length + hparams.task.response_length
+    labels = core.ceil_div(hparams.batch_size, processes)
+    passes = [Pass('train', samples * labels, tokens, 0), Pass('forward', samples * labels, tokens, 0)]
+    if hparams.normalize_before or hparams.normalize_after:
+        rollout = core.ceil_div(hparams.rollout_batch_size, processes)
+        passes += [Pass('sample', rollout, tokens, 1), Pass('forward', rollout, tokens, 0)]
+    return passes
+
+
+# The models a policy run holds: the policy, its reference and the reward model
+# resident; the policy trained (its gradients and Adam's moments).
+POLICY_MODELS = dict(resident=3, trained=1)
+
+
+def policy_passes(hparams):
+    """train_policy's model passes in this process: sampling, the forwards that score and take
+    logprobs, and the PPO loss; the ranks side by side, the batch shared by the processes."""
+    rollout = core.ceil_div(hparams.ppo.batch_size, ranks.num_processes())
+    tokens, responses = hparams.task.query_length + hparams.task.response_length, hparams.task.response_length
+    return [Pass('sample', rollout, tokens, 1), Pass('forward', rollout, tokens, responses),
+            Pass('train', core.ceil_div(rollout, hparams.ppo.nminibatches), tokens, responses)]

@@ -6,10 +6,8 @@ labels' scale) and after (to mean 0, std 1) on samples of the initial policy. Di
 original are commented where they happen and listed in PORTING.md.
 """
 
-import hashlib
-import json
-import os
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Optional
 
 import numpy as np
@@ -18,13 +16,13 @@ import torch
 from lm_human_preferences import label_types, lm_tasks, rewards
 from lm_human_preferences.language import sample, trained_models
 from lm_human_preferences.policy import Policy
-from lm_human_preferences.training import checkpointing, memory, run_checks
+from lm_human_preferences.training import checkpointing, label_files, memory, reward_evaluation, run_checks
 from lm_human_preferences.training.adam import AdamTF
 from lm_human_preferences.training.execution import Execution, PortRunHParams
 from lm_human_preferences.training.run import Progress, Run
 from lm_human_preferences.training.side_by_side import RankBlocks, RankGradients
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import gcs, hyperparams
+from lm_human_preferences.utils import hyperparams
 
 
 @dataclass
@@ -84,55 +82,15 @@ def _numpy_dtype(torch_dtype):
     return torch.empty((), dtype=torch_dtype).numpy().dtype
 
 
-def _load_labels(path, where, check):
-    """The records of the label file at path (named `where` in errors): a JSON array, then check(records,
-    where). Every problem is a one-line ValueError."""
-    try:
-        with open(path) as f:
-            results = json.load(f)
-    except RecursionError:
-        raise ValueError(f'label file {where} is nested too deeply to be label records (expected a JSON array '
-                         f'of objects)') from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f'label file {where} is not valid JSON: {e.msg} at line {e.lineno} '
-                         f'column {e.colno} (char {e.pos})') from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f'label file {where} is not UTF-8 text: byte {e.start} cannot be decoded') from None
-    if not isinstance(results, list):
-        raise ValueError(f'label file {where}: expected a JSON array of label records, '
-                         f'got a JSON {type(results).__name__}')
-    check(results, where)
-    return results
-
-
 def download_labels(source, label_type, question_schemas, total_labels, *, n_vocab, padding_token):
-    """Load and check the label records of `source`: an http(s) URL (downloaded once into the cache,
-    by rank 0), a local JSON file, or 'test' (50 records of zeros, as the original).
-
-    Returns (train, held_out): dicts of name -> CPU tensor [n, *schema.shape] holding the first
-    total_labels records and the records after them (held_out is None when there are none). The original
-    returned only the first total_labels records; we keep the rest to evaluate on.
-    Every problem is a one-line ValueError naming the file (and record / field).
-    """
+    """Ours: returns (train, held_out), dicts of name -> CPU tensor [n, *schema.shape]: the first total_labels
+    records and those after them, to evaluate on (held_out None when there are none; the original returned the
+    first ones only, as lists). Every record is checked, each problem one line (training/label_files.py)."""
     schemas = {**question_schemas, **label_type.label_schemas()}
-
-    def check(records, where):
-        # The original only asserted the count; a malformed record failed deep inside TF, or not at all.
-        label_types.validate_labels(records, schemas, n_vocab=n_vocab, padding_token=padding_token, source=where)
-        if len(records) < total_labels:
-            raise ValueError(f'label file {where} has {len(records)} records, but labels.num_train is {total_labels}')
-
-    if source != 'test' and not gcs.is_url(source) and not os.path.isfile(source):
-        raise ValueError(f'labels.source {source!r}: ' + (
-            'a directory; expected an https URL or a JSON file of label records' if os.path.isdir(source) else
-            'no such file; expected an https URL or a JSON file of label records'))
+    check = partial(label_files.check_records, schemas=schemas, total_labels=total_labels, n_vocab=n_vocab,
+                    padding_token=padding_token)
     if source != 'test':
-        # Ours: a downloaded file is checked before it enters the cache (gcs's validate), and its records
-        # are kept, so that it is parsed once; a cached or local file is checked here.
-        parsed = []
-        path = gcs.download_file_cached(source, validate=lambda tmp: parsed.append(_load_labels(tmp, source, check)))
-        where = path if path == source else f'{source} (cached as {path})'
-        results = parsed[0] if parsed else _load_labels(path, where, check)
+        results = label_files.read_records(source, check)  # a URL: downloaded once into the cache, by rank 0
         if utils.is_root():
             print('Num labels found in source:', len(results))
     else:
@@ -148,34 +106,6 @@ def download_labels(source, label_type, question_schemas, total_labels, *, n_voc
         return {k: torch.from_numpy(np.asarray([r[k] for r in records], dtype=_numpy_dtype(s.dtype)))
                 for k, s in schemas.items()}
     return stack(results[:total_labels]), stack(results[total_labels:])
-
-
-def label_source(source):
-    """Ours: where a run's labels came from, for its save dir: a URL's download record (where the bytes
-    came from, their size and sha256: see gcs.download_record), or a local file's path; None for 'test'."""
-    if source == 'test':
-        return None
-    if gcs.is_url(source):
-        return gcs.download_record(gcs.cached_path(source))
-    return dict(path=os.path.abspath(source))
-
-
-def label_fingerprint(train, held_out):
-    """What identifies a run's labels: the sha256 of the records it read (train, then held out) and
-    their number. The same records give the same fingerprint, wherever the file lives."""
-    h = hashlib.sha256()
-    for labels in (train, held_out):
-        for k in sorted(labels or {}):
-            h.update(k.encode() + labels[k].numpy().tobytes())
-    count = sum(len(next(iter(labels.values()))) for labels in (train, held_out) if labels)
-    return dict(sha256=h.hexdigest(), records=count)
-
-
-def best_credit(logits, best):
-    """Ours: for best_of_N, the accuracy credit of each row of logits [n, N] against its labeled best [n]: 1/k when
-    the best is one of the k tied for the highest logit (a random tie-break's expectation), else 0."""
-    is_max = logits == logits.max(dim=1, keepdim=True).values
-    return is_max.gather(1, best.long()[:, None])[:, 0] / is_max.sum(dim=1)
 
 
 class RewardModelTrainer():
@@ -397,36 +327,6 @@ class RewardModelTrainer():
                   f'(not measured: debug_normalize N measures it on N new samples)')
         return result
 
-    @torch.no_grad()
-    def evaluate(self, labels, *, name):
-        """Ours: mean loss (the label type's) and, for best_of_N, accuracy (the labeled best gets the highest
-        reward; a k-way tie for the highest counts 1/k, as a random tie-break would, so a constant model
-        scores 1/N, not 100%) of the reward model on labels (a dict of tensors), each rank scoring
-        labels[rank::num_ranks], the ranks this process carries side by side in batches of their shares of
-        batch_size. Logged as <name>/loss and <name>/accuracy at the current global_step; returns that dict."""
-        n = len(next(iter(labels.values())))
-        ours = torch.cat(self.ranks.shares(torch.arange(n)))
-        batch_size = utils.exact_div(self.hparams.batch_size, self.num_ranks) * self.ranks.count
-        loss_sum, correct = 0.0, 0.0
-        for start in range(0, len(ours), batch_size):
-            batch = self._to_device({k: v[ours[start:start + batch_size]] for k, v in labels.items()})
-            stats, rewards = self.loss(batch, train=False)
-            batch_n = len(batch['query'])
-            loss_sum += stats['loss'].item() * batch_n  # the losses are means over the batch
-            if isinstance(self.label_type, label_types.PickBest):
-                logits = torch.stack([rewards[k] for k in self.sample_keys], dim=1)
-                correct += best_credit(logits, batch['best']).sum().item()
-        # This process's totals (its ranks'), summed over processes.
-        totals = utils.processes_sum(torch.tensor([float(len(ours)), loss_sum, correct], dtype=torch.float64))
-        count = totals[0].item()
-        results = {f'{name}/loss': totals[1].item() / count}
-        if isinstance(self.label_type, label_types.PickBest):
-            results[f'{name}/accuracy'] = totals[2].item() / count
-        if utils.is_root():
-            print(f'{name} on {int(count)} labels: ' + ', '.join(f'{k} = {v:.6g}' for k, v in results.items()))
-        self.run.stats.log(results, self.global_step, log_interval=1)
-        return results
-
     def train(self):
         """Returns a dict of results (ours; the original returned nothing): normalize_before /
         normalize_after (see normalize), train (the last minibatch's stats), eval, eval_train."""
@@ -481,7 +381,7 @@ class RewardModelTrainer():
 
         # Ours: evaluate the model as trained, before normalize_after rescales it (the accuracy does not
         # change under that positive affine map; the loss would).
-        results.update(self.evaluate_labels())
+        results.update(reward_evaluation.evaluate_labels(self))
 
         if self.hparams.normalize_after:
             target_mean, target_std = 0.0, 1.0
@@ -499,22 +399,11 @@ class RewardModelTrainer():
             n_vocab=self.reward_model.hparams.n_vocab,
             padding_token=self.reward_model.padding_token,
         )
-        self.run.record_data('labels', label_fingerprint(labels, self.held_out_labels),
-                             source=label_source(self.hparams.labels.source))
+        self.run.record_data('labels', label_files.label_fingerprint(labels, self.held_out_labels),
+                             source=label_files.label_source(self.hparams.labels.source))
         if self.query_sampler is not None:
             self.run.record_data('queries', self.query_sampler.sampler.fingerprint)
         return labels
-
-    def evaluate_labels(self):
-        """Ours: {'eval': the held-out labels' results, 'eval_train': the training labels' (eval_train_labels)}."""
-        results = {}
-        if self.held_out_labels is not None:
-            results['eval'] = self.evaluate(self.held_out_labels, name='eval')
-        elif utils.is_root():
-            print(f'no held-out labels: {self.hparams.labels.source} has no records past labels.num_train')
-        if self.hparams.eval_train_labels:
-            results['eval_train'] = self.evaluate(self.train_buffer.data(), name='eval_train')
-        return results
 
     def save(self, *, done=True):
         """The only place that saves; collective. Ours: the training state for resuming (model, Adam, step,

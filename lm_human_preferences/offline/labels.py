@@ -19,7 +19,7 @@ from lm_human_preferences import train_reward as train_reward_module
 from lm_human_preferences.labeling.questions import sample_responses
 from lm_human_preferences.language import trained_models
 from lm_human_preferences.policy import Policy
-from lm_human_preferences.training import memory
+from lm_human_preferences.training import memory, reward_evaluation
 from lm_human_preferences.training.execution import Execution
 from lm_human_preferences.training.run import Progress
 from lm_human_preferences.utils import core as utils
@@ -158,4 +158,4 @@ def bag_of_words_accuracy(train, held_out, *, padding_token, l2=3e-4, max_iter=3
         return loss
     optimizer.step(closure)
     with torch.no_grad():
-        return float(train_reward_module.best_credit(scores(test_samples, test_real), test_best).mean())
+        return float(reward_evaluation.best_credit(scores(test_samples, test_real), test_best).mean())

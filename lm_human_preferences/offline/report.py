@@ -13,7 +13,7 @@ import torch
 from lm_human_preferences import lm_tasks, rewards
 from lm_human_preferences import train_policy as train_policy_module
 from lm_human_preferences.offline.labels import frozen_policy, rank_generator
-from lm_human_preferences.train_reward import best_credit
+from lm_human_preferences.training.reward_evaluation import best_credit
 from lm_human_preferences.training import plots
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import files

@@ -28,7 +28,7 @@ from lm_human_preferences.language import sample, trained_models
 from lm_human_preferences.online import loop as online_loop
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import TrainedRewardModel
-from lm_human_preferences.training import checkpointing, memory, run_checks
+from lm_human_preferences.training import train_state, memory, run_checks
 from lm_human_preferences.training.adam import AdamTF
 from lm_human_preferences.training.execution import Execution
 from lm_human_preferences.training.run import Progress, Run
@@ -272,7 +272,7 @@ class PPOTrainer:
             self.kl_ctl = AdaptiveKLController(hparams.rewards.kl_coef, hparams=hparams.rewards.adaptive_kl)
 
         # Counted, so that a resumed run continues each rank's query stream where it was (see train()'s save()).
-        self.query_sampler = checkpointing.CountingSampler(query_sampler)
+        self.query_sampler = train_state.CountingSampler(query_sampler)
         self.sample_queries = lambda: self.query_sampler()['tokens'].to(self.device)
 
         # per rank sizes

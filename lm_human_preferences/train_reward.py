@@ -16,7 +16,7 @@ import torch
 from lm_human_preferences import label_types, lm_tasks, rewards
 from lm_human_preferences.language import sample, trained_models
 from lm_human_preferences.policy import Policy
-from lm_human_preferences.training import checkpointing, label_files, memory, reward_evaluation, run_checks
+from lm_human_preferences.training import train_state, label_files, memory, reward_evaluation, run_checks
 from lm_human_preferences.training.adam import AdamTF
 from lm_human_preferences.training.execution import Execution, PortRunHParams
 from lm_human_preferences.training.run import Progress, Run
@@ -119,7 +119,7 @@ class RewardModelTrainer():
 
         self.policy = policy
         # Counted, so that a resumed run continues each rank's query stream where it was (see save()).
-        self.query_sampler = None if query_sampler is None else checkpointing.CountingSampler(query_sampler)
+        self.query_sampler = None if query_sampler is None else train_state.CountingSampler(query_sampler)
         self.hparams = hparams
         self.num_ranks = utils.get_world_size()
         self.execution = execution or Execution.of(hparams.run)

@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lm_human_preferences.training import checkpointing
+from lm_human_preferences.training import train_state
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -199,7 +199,7 @@ def assert_same_tensorboard(tb_a, tb_b, n_steps):
 
 
 def newest_state(model_dir):
-    step = checkpointing.train_state_steps(model_dir)[0]
+    step = train_state.train_state_steps(model_dir)[0]
     return step, Path(model_dir) / 'train_state' / f'state-{step}'
 
 
@@ -211,7 +211,7 @@ def test_train_reward_resumes_after_sigkill(tmp_path):
     watcher = kill_when_exists(killed, reward_dir / 'train_state' / 'state-3.json')
     run_in_process('train_reward', tmp_path / 'whole', args)  # meanwhile: the uninterrupted run
     assert_killed(killed, watcher)
-    killed_at = checkpointing.train_state_steps(reward_dir)[0]
+    killed_at = train_state.train_state_steps(reward_dir)[0]
     assert killed_at < 40  # killed mid-training (40 batches)
     assert not (reward_dir / 'checkpoints').exists()
 
@@ -282,7 +282,7 @@ def test_a_torn_stats_log_ends_as_the_uninterrupted_runs(tmp_path):
     assert_killed(killed, watcher)
     stats = tmp_path / 'killed' / NAME / 'train_policy_stats.jsonl'
     rows = stats.read_bytes().splitlines(keepends=True)
-    newest = checkpointing.train_state_steps(policy_dir)[0]
+    newest = train_state.train_state_steps(policy_dir)[0]
     assert len(rows) >= newest >= 10
     stats.write_bytes(b''.join(rows)[:-(len(rows[-1]) + len(rows[-2]) // 2)])
     covered = len(rows) - 2  # the rows of steps 0 .. len(rows) - 3 are whole

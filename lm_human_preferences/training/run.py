@@ -23,7 +23,7 @@ What a save dir holds for a trainer (<scope> is `reward_model` or `policy`):
     <save_dir>/tb/<scope or ppo>/            TensorBoard events
     <save_dir>/<kind>_curves.png             learning curves, at the end
     <save_dir>/<scope>/checkpoints/          model checkpoints, the last run.keep_checkpoints kept
-    <save_dir>/<scope>/train_state/          training states for resuming (training/checkpointing.py)
+    <save_dir>/<scope>/train_state/          training states for resuming (training/train_state.py)
 
 One rewind rule for every stats sink: a run resumed at step M logs steps M, M+1, ... again, so the
 JSONL lines from step M on are dropped (and a last line cut off by a kill or a full disk, with a warning;
@@ -52,7 +52,7 @@ import torch
 
 from lm_human_preferences.language import checkpoints
 from lm_human_preferences.utils import core, files, hyperparams, ranks, stopping
-from lm_human_preferences.training import checkpointing, plots
+from lm_human_preferences.training import train_state, plots
 
 SCOPES = dict(train_reward='reward_model', train_policy='policy')
 TB_SUBDIRS = dict(train_reward='reward_model', train_policy='ppo')
@@ -126,7 +126,7 @@ def run_folder_of(path):
     <kind>_hparams.json, or a model dir, holding train_state/) and what shows it, or None."""
     path = os.path.realpath(path)
     while True:
-        for mark in [f'{kind}_hparams.json' for kind in SCOPES] + [checkpointing.TRAIN_STATE_SUBDIR]:
+        for mark in [f'{kind}_hparams.json' for kind in SCOPES] + [train_state.TRAIN_STATE_SUBDIR]:
             if os.path.exists(os.path.join(path, mark)):
                 return path, mark
         if os.path.dirname(path) == path:
@@ -329,7 +329,7 @@ class Run:
                 # A rerun must match the hparams of the run in the save dir (refused, it writes nothing).
                 # A save dir where nothing was trained yet (a run that stopped at a bad input, say) holds
                 # no run: the corrected rerun replaces its hparams.
-                existing = self.trained_anything() and checkpointing.check_resume_compatible(
+                existing = self.trained_anything() and train_state.check_resume_compatible(
                     self.save_dir, hparams.to_nested_dict(), f'{kind}_hparams.json', ignore=LOGGING_HPARAMS)
                 self._created += [d for d in (self.save_dir, self.model_dir) if not os.path.exists(d)]
                 os.makedirs(self.model_dir, exist_ok=True)
@@ -353,7 +353,7 @@ class Run:
 
     def trained_anything(self):
         """Whether the run saved a training state or a model checkpoint (its model dir has one)."""
-        return bool(checkpointing.train_state_steps(self.model_dir) or checkpoints.checkpoint_steps(self.model_dir))
+        return bool(train_state.train_state_steps(self.model_dir) or checkpoints.checkpoint_steps(self.model_dir))
 
     def __exit__(self, exc_type, exc, tb):
         """Close the stats sinks and release the save dir; a stop signal outside the training loop is one
@@ -427,10 +427,10 @@ class Run:
                     files.atomic_write(path, json.dumps(updated, indent=1).encode())
         error = core.mpi_bcast(error)
         if error is not None:
-            raise checkpointing.IncompatibleRunError(error)
+            raise train_state.IncompatibleRunError(error)
 
     def resume(self, *, modules: Dict[str, torch.nn.Module], optimizer, samplers=None, model=None):
-        """Restore the newest valid training state of the save dir, if any (see training/checkpointing.py),
+        """Restore the newest valid training state of the save dir, if any (see training/train_state.py),
         and remember what save() saves: modules, optimizer, samplers, and model = (module, model hparams,
         encoding) for the model checkpoint. A state past the end of the stats log (the rows between lost:
         cut off) gives way to a kept one before it, whose steps redone log them again. Returns the
@@ -440,7 +440,7 @@ class Run:
         if self.save_dir and core.is_root() and self.tracked is not None:
             self.stats.read()  # as it is now: the online loop resumes a run again after each round
         logged = self.stats.next_step()
-        state = checkpointing.load_latest_train_state(self.model_dir, modules=modules, optimizer=optimizer,
+        state = train_state.load_latest_train_state(self.model_dir, modules=modules, optimizer=optimizer,
                                                       samplers=samplers, at_most=logged) if self.save_dir else None
         self.tracked = dict(modules=modules, optimizer=optimizer, samplers=samplers or {}, model=model,
                             start=state.step if state else 0)
@@ -449,7 +449,7 @@ class Run:
         if self.save_dir:
             self.stats.rewind(None if done else state.step if state else 0)  # a finished run redoes nothing
         if state and core.is_root():
-            newest = checkpointing.train_state_steps(self.model_dir)[0]
+            newest = train_state.train_state_steps(self.model_dir)[0]
             note = (f'; {self.stats.jsonl_path} ends before step {newest}: the steps from {state.step} are redone '
                     f'to log them again' if logged is not None and state.step <= logged < newest else '')
             print(f'{self.kind}: resuming from {state.path} (step {state.step}{", already finished" if done else ""}'
@@ -488,7 +488,7 @@ class Run:
         def save_model():
             path = checkpoints.save_checkpoint(self.model_dir, step, module, hparams=model_hparams, encoding=encoding)
             return {name: path for name, m in modules.items() if m is module}
-        checkpointing.save_train_state(
+        train_state.save_train_state(
             self.model_dir, step, modules=modules, optimizer=self.tracked['optimizer'],
             samplers=self.tracked['samplers'], extra=dict(extra, done=done), save_model=save_model if model else None)
         self.saved_step = step
@@ -499,7 +499,7 @@ class Run:
     def _prune_model_checkpoints(self):
         # the newest run.keep_checkpoints (the original's max_to_keep), and those a training state refers to
         checkpoints.prune_checkpoints(self.model_dir, keep=self.hparams.run.keep_checkpoints,
-                                      protect=checkpointing.referenced_checkpoint_steps(self.model_dir))
+                                      protect=train_state.referenced_checkpoint_steps(self.model_dir))
 
     def save_model_at_exit(self, step):
         """The original's `finally: saver.save()` after an error: the model checkpoint of the weights
@@ -528,7 +528,7 @@ class Run:
             except KeyboardInterrupt as e:  # Stopped, or Ctrl-C's own where no handler is installed
                 self._report_stop(e, step())
                 raise
-            except (core.NonFiniteError, checkpointing.CheckpointWriteError):
+            except (core.NonFiniteError, train_state.CheckpointWriteError):
                 raise  # nothing more is written: no non-finite values, and a failed save would only fail again
             except BaseException:
                 self.save_model_at_exit(step())
@@ -551,7 +551,7 @@ class Run:
             return
         # after Ctrl-C's ^C, on a line of its own
         stopped = ('\n' if signum == signal.SIGINT else '') + f'{self.kind} stopped by {stopping.signal_name(signum)}'
-        state = os.path.join(self.model_dir or '', checkpointing.TRAIN_STATE_SUBDIR, f'state-{self.saved_step}.json')
+        state = os.path.join(self.model_dir or '', train_state.TRAIN_STATE_SUBDIR, f'state-{self.saved_step}.json')
         resume = (f'from step {self.saved_step} ({state})' if self.saved_step is not None
                   else 'from the start' if self.tracked is not None else 'where it left off')
         if not self.save_dir:

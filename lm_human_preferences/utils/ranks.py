@@ -157,7 +157,7 @@ def seed(seed_value: Optional[int]):
 
 
 def rank_rng_states():
-    """{rank: streams} of this process's ranks (checkpointing saves them); {} when unseeded."""
+    """{rank: streams} of this process's ranks (train_state saves them); {} when unseeded."""
     refuse_in_section('rank_rng_states')
     return dict(_rng)
 

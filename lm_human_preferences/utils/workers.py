@@ -72,7 +72,7 @@ def exit_without_finalizing(code):
     destroy_process_group does not join those threads. Freeing the work's tensors takes the GIL; a
     thread taking the GIL while Python finalizes is ended with pthread_exit, whose forced unwind through
     gloo's noexcept destructor calls std::terminate: SIGABRT, "terminate called without an active
-    exception" (2 runs in 100 of tests/test_checkpointing.py's two-process test; a core dump showed
+    exception" (2 runs in 100 of tests/test_train_state.py's two-process test; a core dump showed
     ProcessGroupGloo::runLoop -> ~AsyncBroadcastWork -> decref_pyobject -> take_gil -> pthread_exit).
     Everything of ours is written and closed by then; only the streams need flushing."""
     sys.stdout.flush()

@@ -61,7 +61,7 @@ class IncompatibleRunError(ValueError):
     """The save dir holds a run with other hyperparameters."""
 
 
-class CheckpointWarning(UserWarning):
+class TrainStateWarning(UserWarning):
     """A corrupt or truncated training state was skipped."""
 
 
@@ -377,7 +377,7 @@ def _choose_train_state(save_dir, at_most=None):
         try:
             sidecar = _verified_sidecar(state_dir, step)
         except (ValueError, OSError) as e:  # CheckpointError, or refuse_pickle's ValueError
-            warnings.warn(f'skipping training state {step} in {state_dir}: {e}', CheckpointWarning, stacklevel=3)
+            warnings.warn(f'skipping training state {step} in {state_dir}: {e}', TrainStateWarning, stacklevel=3)
             skipped.append(step)
             continue
         if at_most is None or step <= at_most:

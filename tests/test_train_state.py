@@ -1,4 +1,4 @@
-"""Tests for training/checkpointing.py: training-state round trip (modules, Adam, RNGs, sampler position),
+"""Tests for training/train_state.py: training-state round trip (modules, Adam, RNGs, sampler position),
 keep-last-K, corruption fallback, full-disk saves, hparams compatibility, pickle refusal, non-finite
 checks, and the gather / per-rank restore of every rank's random streams (2 processes carrying 4 ranks)."""
 import errno
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from lm_human_preferences.training import checkpointing as ckpt
+from lm_human_preferences.training import train_state as ckpt
 from lm_human_preferences.training.adam import AdamTF
 from lm_human_preferences.utils import core, files, hyperparams, launch, ranks
 
@@ -159,7 +159,7 @@ def _edit_json_number(path):
 def test_corrupt_state_falls_back_with_a_warning(tmp_path, damage, which):
     net, opt = _save_three(tmp_path)
     damage(str(tmp_path / 'train_state' / f'state-3.{which}'))
-    with pytest.warns(ckpt.CheckpointWarning, match='skipping training state 3'):
+    with pytest.warns(ckpt.TrainStateWarning, match='skipping training state 3'):
         state = ckpt.load_latest_train_state(tmp_path, modules=dict(net=net), optimizer=opt)
     assert state.step == 2 and net.gain.item() == 2
 
@@ -168,7 +168,7 @@ def test_all_states_corrupt_is_an_error(tmp_path):
     net, opt = _save_three(tmp_path)
     for step in (1, 2, 3):
         _flip_last_byte(str(tmp_path / 'train_state' / f'state-{step}.safetensors'))
-    with pytest.warns(ckpt.CheckpointWarning), pytest.raises(ckpt.CheckpointError, match='no valid training state'):
+    with pytest.warns(ckpt.TrainStateWarning), pytest.raises(ckpt.CheckpointError, match='no valid training state'):
         ckpt.load_latest_train_state(tmp_path, modules=dict(net=net), optimizer=opt)
 
 
@@ -275,7 +275,7 @@ def test_pickle_bearing_state_is_refused(tmp_path, kind):
     _save_three(tmp_path)
     _commit_fake_state(tmp_path, 7, buf.getvalue())
     net, opt = make()
-    with pytest.warns(ckpt.CheckpointWarning, match='refusing to load .*state-7.safetensors: it is a pickle'):
+    with pytest.warns(ckpt.TrainStateWarning, match='refusing to load .*state-7.safetensors: it is a pickle'):
         state = ckpt.load_latest_train_state(tmp_path, modules=dict(net=net), optimizer=opt)
     assert state.step == 3 and not UNPICKLED
     with pytest.raises(ValueError, match='it is a pickle'):

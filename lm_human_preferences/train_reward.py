@@ -1,10 +1,5 @@
 #!/usr/bin/env python3
-"""Train a reward model on human labels (port of the original train_reward.py).
-
-One epoch over `labels.num_train` labels, optionally with the reward normalized before (to the
-labels' scale) and after (to mean 0, std 1) on samples of the initial policy. Differences from the
-original are commented where they happen and listed in PORTING.md.
-"""
+"""Train a reward model on human labels (port of the original train_reward.py; PORTING.md lists what differs)."""
 
 from dataclasses import dataclass, field
 from functools import partial
@@ -16,7 +11,8 @@ import torch
 from lm_human_preferences import label_types, lm_tasks, rewards
 from lm_human_preferences.language import sample, trained_models
 from lm_human_preferences.policy import Policy
-from lm_human_preferences.training import train_state, label_files, memory, reward_evaluation, run_checks
+from lm_human_preferences.training import (label_files, memory, reward_evaluation, reward_loss, run_checks,
+                                          train_state)
 from lm_human_preferences.training.adam import AdamTF
 from lm_human_preferences.training.execution import Execution, PortRunHParams
 from lm_human_preferences.training.run import Progress, Run
@@ -63,14 +59,11 @@ class HParams(hyperparams.HParams):
     # Whether, after training, to normalize the rewards on the ref policy to mean 0, var 1
     # (so the KL coefficient always has the same meaning).
     normalize_after: bool = False
-    # Ours: also report the accuracy and loss on the training labels after training (the held-out
-    # labels, records past labels.num_train, are always evaluated when the source has them).
-    eval_train_labels: bool = False
+    eval_train_labels: bool = False  # ours: evaluate on the training labels too (held-out ones always)
 
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
-        run_checks.check_reward_hparams(self, prefix=prefix)  # ours: the original's exact_div, and one line for
-        # each other value a run cannot use
+        run_checks.check_reward_hparams(self, prefix=prefix)  # the original's exact_div; ours: one line a value
 
 
 def _mean_std(mean, std):
@@ -110,11 +103,8 @@ def download_labels(source, label_type, question_schemas, total_labels, *, n_voc
 
 class RewardModelTrainer():
     def __init__(self, *, reward_model, policy, query_sampler, hparams, execution=None, run=None):
-        """reward_model: a rewards.RewardModelTrainer on the execution's device. policy (the frozen initial
-        policy) and query_sampler are only used to normalize; None when neither normalization is on.
-        Ours: execution, the device, bf16, the microbatch size and the CUDA graph, resolved once
-        (training/execution.py; None: as hparams.run says); run, the training/run.Run that logs, saves and
-        resumes (None: one that saves nothing)."""
+        """policy and query_sampler: None when neither normalization is on. Ours: execution (training/execution.py;
+        None: as hparams.run says); run, the training/run.Run that logs, saves and resumes (None: saves nothing)."""
         self.reward_model = reward_model
 
         self.policy = policy
@@ -144,14 +134,12 @@ class RewardModelTrainer():
 
         self.run = run if run is not None else Run(hparams, 'train_reward')
 
-        # The original's utils.minimize: gradients all-reduce-averaged over ranks, then TF1 Adam with
-        # epsilon 1e-5 over all reward model params (the reward gain and bias included), no clipping.
+        # The original's utils.minimize: the gradients' mean over ranks, then TF1 Adam, epsilon 1e-5, no clipping.
         self.optimizer = AdamTF(self.reward_model.parameters(), lr=hparams.lr, eps=1e-5)
         self.rank_gradients = RankGradients(self.reward_model.parameters())
         # Minibatches trained so far (the original's train_step variable): the only training position.
         self.global_step = 0
-        # Ours, for resuming: the label order (drawn once after normalize_before), the results so far, and
-        # whether training finished (the model checkpoint is written).
+        # Ours, for resuming: the label order, the results so far, whether the model checkpoint is written.
         self.train_indices = None
         self.results = {}
         self.done = False
@@ -163,61 +151,13 @@ class RewardModelTrainer():
     def add_to_buffer(self, labels):
         self.train_buffer.add(**labels)
 
-    def loss(self, labels, *, train, ranks=1):
-        """The label type's stats (its 'loss' included) on labels, and the rewards each sample got ({sample
-        key: [n]}). ranks (ours): the labels of that many ranks side by side (rows grouped by rank); the stats
-        are then each rank's, [ranks] per key, and with train each rank's gradient, from its own passes, is added
-        to self.rank_gradients (the original's ranks each computed theirs; see training/side_by_side.py).
-
-        Ours: the reward model runs on microbatches of labels holding at most run.microbatch_size sequences
-        (a label's query with each of its samples), each microbatch's share of the mean loss back-propagated
-        at once, so no graph holds more. The stats are the label type's on each rank's labels, from the
-        rewards the samples got (no model pass): the same as without a split, for every label type.
-        """
-        n = len(labels['query'])
-        per_rank = n // ranks
-        microbatch_size = self.execution.microbatch_size
-        labels_per_piece = None if microbatch_size is None else microbatch_size // len(self.sample_keys)
-        rewards = {k: [] for k in self.sample_keys}
-        # Training, each rank's labels in passes of their own; evaluating, a pass may span ranks.
-        for group in utils.microbatches(n, per_rank) if train else [slice(0, n)]:
-            for piece in utils.microbatches(group.stop - group.start, labels_per_piece):
-                piece = slice(group.start + piece.start, group.start + piece.stop)
-                piece_labels = {k: v[piece] for k, v in labels.items()}
-                sample_key = {id(piece_labels[k]): k for k in self.sample_keys}
-
-                def reward_model(queries, responses):  # records what each sample scored
-                    scored = self.reward_model.get_rewards(queries, responses)
-                    rewards[sample_key[id(responses)]].append(scored.detach())
-                    return scored
-                with torch.set_grad_enabled(train), self.execution.autocast():
-                    piece_loss = self.label_type.loss(reward_model=reward_model, labels=piece_labels)['loss']
-                if train:
-                    # The label type's loss is a mean over labels: a microbatch adds its share of its rank's.
-                    (piece_loss * ((piece.stop - piece.start) / per_rank)).backward()
-            if train:
-                self.rank_gradients.add_rank()
-        rewards = {k: utils.cat_pieces(v) for k, v in rewards.items()}
-        with torch.no_grad(), self.execution.autocast():
-            rank_stats = [self._label_type_loss({k: v[rows] for k, v in rewards.items()},
-                                                {k: v[rows] for k, v in labels.items()})
-                          for rows in utils.microbatches(n, n // ranks)]
-        return {k: torch.stack([s[k] for s in rank_stats]).detach().float() for k in rank_stats[0]}, rewards
-
-    def _label_type_loss(self, rewards, labels):
-        """The label type's loss and stats on labels whose samples got `rewards` ({sample key: [n]})."""
-        sample_key = {id(labels[k]): k for k in self.sample_keys}
-        return self.label_type.loss(reward_model=lambda queries, responses: rewards[sample_key[id(responses)]],
-                                    labels=labels)
-
     def train_batch(self, indices, lr):
-        """One minibatch: each rank this process carries its own labels (indices: one index array per rank),
-        side by side; one update with the gradients averaged over all ranks."""
+        """One minibatch: each rank this process carries its own labels (indices: an array per rank), side by side."""
         for group in self.optimizer.param_groups:
             group['lr'] = lr
         self.optimizer.zero_grad(set_to_none=True)
         labels = self._to_device(self.train_buffer.read(np.concatenate(indices)))
-        stats = self.loss(labels, train=True, ranks=len(indices))[0]
+        stats = reward_loss.loss(self, labels, train=True, ranks=len(indices))[0]  # the label type's loss, by rank
         self.rank_gradients.mean_into_grads()  # the original's gradient all-reduce (mean over ranks)
         # Ours: stop before a non-finite update is applied (and so before it could be saved).
         utils.check_finite(self.global_step, **utils.per_rank('loss', stats['loss']),
@@ -243,18 +183,14 @@ class RewardModelTrainer():
 
     @torch.no_grad()
     def stats(self, query_responses):
-        """Mean and std of the rewards of every rank's samples (query_responses: the (queries, responses)
-        batches of sample_policy_responses, every rank's side by side)."""
+        """Mean and std of the rewards of every rank's samples (sample_policy_responses' batches)."""
         with self.execution.autocast():
             rewards = [utils.microbatched(self.reward_model.get_rewards, self.execution.microbatch_size, qs, rs)
                        for qs, rs in query_responses]
-        # [ranks, samples per rank], in float64 (the original: float32), so that E[x^2] - E[x]^2 cannot go
-        # negative and the sums do not depend on their order (how the ranks are spread over processes).
+        # [ranks, samples per rank], in float64 (ours): E[x^2] - E[x]^2 stays >= 0, the sums do not depend on order
         rewards = torch.cat([self.ranks.view(r) for r in rewards], dim=1).double()
         assert rewards.dim() == 2, f'{tuple(rewards.shape)}'
         sums = torch.stack([rewards.sum(dim=1), rewards.square().sum(dim=1)], dim=1)  # [ranks, 2]
-        # Sum and sum of squares pooled over ranks (each rank scored the same number of samples), then the
-        # population std.
         count = self.num_ranks * rewards.shape[1]
         means, sqr_means = (utils.mpi_allreduce_sum(list(sums.unbind(0))) / count).tolist()
         stds = float(np.sqrt(sqr_means - means ** 2))
@@ -281,8 +217,7 @@ class RewardModelTrainer():
 
     @torch.no_grad()
     def sample_policy_batch(self):
-        """One batch of samples of every rank this process carries, side by side: each rank's queries and
-        random draws come from its own query shard and streams (in its section)."""
+        """One batch of every rank this process carries, side by side, each from its own queries and streams."""
         length = self.hparams.task.response_length
         queries, uniforms = utils.side_by_side(lambda: sample.queries_and_draws(self.query_sampler()['tokens'], length))
         with self.execution.autocast():
@@ -294,8 +229,7 @@ class RewardModelTrainer():
         """n_samples in total: ceil(n / rollout_batch_size) batches of rollout_batch_size / num_ranks
         queries per rank, as the original, every rank this process carries side by side in each."""
         n_batches = utils.ceil_div(n_samples, self.hparams.rollout_batch_size)
-        # Ours: a progress line per batch.
-        printing, progress = utils.is_root(), Progress(n_batches)
+        printing, progress = utils.is_root(), Progress(n_batches)  # ours: a progress line per batch
         batches = []
         for _ in range(n_batches):
             batches.append(self.sample_policy_batch())
@@ -305,8 +239,7 @@ class RewardModelTrainer():
         return batches
 
     def normalize(self, sample_fn, target_means, target_stds):
-        """Returns dict(before=(mean, std), target=(mean, std), after=(mean, std) or None) (ours, for
-        callers and tests; the original returned nothing), or None when normalize_samples is 0."""
+        """Ours: returns dict(before=(mean, std), target=..., after=... or None); None without normalize_samples."""
         if not self.hparams.normalize_samples:
             return None
 
@@ -321,19 +254,30 @@ class RewardModelTrainer():
             stats = self.stats(query_responses)
             self.log_stats_after_normalize(stats)
             result['after'] = stats
-        elif utils.is_root():
-            # Ours: the original printed this line only with debug_normalize; without it, say what is known.
+        elif utils.is_root():  # ours: the original printed this line only with debug_normalize
             print(f'after normalize: {_mean_std(target_means, target_stds)} on those samples, by construction '
                   f'(not measured: debug_normalize N measures it on N new samples)')
         return result
 
     def train(self):
-        """Returns a dict of results (ours; the original returned nothing): normalize_before /
-        normalize_after (see normalize), train (the last minibatch's stats), eval, eval_train."""
-        self.add_to_buffer(self.read_labels())
+        """Returns a dict of results (ours): normalize_before, normalize_after, train, eval, eval_train."""
+        labels, self.held_out_labels = download_labels(  # ours: the records past labels.num_train are held out
+            self.hparams.labels.source,
+            label_type=self.label_type,
+            question_schemas=self.question_schemas,
+            total_labels=self.hparams.labels.num_train,
+            n_vocab=self.reward_model.hparams.n_vocab,
+            padding_token=self.reward_model.padding_token,
+        )
+        self.run.record_data(  # ours: a rerun on other labels or queries is refused
+            'labels', label_files.label_fingerprint(labels, self.held_out_labels),
+            source=label_files.label_source(self.hparams.labels.source))
+        if self.query_sampler is not None:
+            self.run.record_data('queries', self.query_sampler.sampler.fingerprint)
 
-        # Ours: continue from the last training state in the save dir, if any (after the labels are
-        # checked, so a resumed run validates its inputs too).
+        self.add_to_buffer(labels)
+
+        # Ours: continue from the save dir's last training state (the labels are checked first).
         if self.resume() and self.done:
             return self.results
         results = self.results
@@ -343,8 +287,7 @@ class RewardModelTrainer():
                 target_mean, target_std = self.target_mean_std()
                 results['normalize_before'] = self.normalize(self.sample_policy_responses, target_mean, target_std)
 
-            # Make sure each rank gets the same shuffle so we train on each point exactly once: every rank
-            # draws one from its own stream, as the original, and rank 0's is used.
+            # Make sure each rank gets the same shuffle so we train on each point exactly once (rank 0's)
             permutations = utils.for_each_rank(lambda: np.random.permutation(self.hparams.labels.num_train))
             self.train_indices = utils.mpi_bcast(permutations[0])
         train_indices = self.train_indices
@@ -353,16 +296,13 @@ class RewardModelTrainer():
         # trained on across all ranks, and its size must be a multiple of minibatch_size.
         per_rank_batch_size = utils.exact_div(self.hparams.batch_size, self.num_ranks)
 
-        # Train on train_indices. The loop runs on global_step (batch global_step covers
-        # train_indices[global_step * batch_size:][:batch_size]), so a restored global_step resumes it.
+        # Train on train_indices, by global_step (so that a restored global_step resumes the loop)
         if utils.is_root():
             print("training on", self.hparams.labels.num_train, "in batches of", per_rank_batch_size, "per rank")
         num_batches = utils.exact_div(self.hparams.labels.num_train, self.hparams.batch_size)
         progress = Progress(num_batches, start=self.global_step)  # ours
         while self.global_step < num_batches:
-            if self.global_step == num_batches - 1:
-                # Ours: a finished run keeps the state before its last batch too, whatever run.save_interval:
-                # should its final state or model checkpoint be damaged, a rerun redoes that batch from it.
+            if self.global_step == num_batches - 1:  # ours: a fallback, should the final state be damaged
                 self.save(done=False)
             start_index = self.global_step * self.hparams.batch_size
             end_index = start_index + self.hparams.batch_size
@@ -374,65 +314,37 @@ class RewardModelTrainer():
             due = progress.due()  # ours: a line every log_interval steps and at least every PRINT_EVERY_S seconds
             if utils.is_root() and (self.global_step % self.hparams.run.log_interval == 0 or due):
                 print(f'[reward_step {progress()}]', flush=True)
-            # Ours: the original saved only at the end; a training state every save_interval batches, and on
-            # a stop signal (utils/stopping.py).
-            if self.run.save_due(self.global_step):
+            if self.run.save_due(self.global_step):  # ours: every run.save_interval batches, and on a stop signal
                 self.save(done=False)
 
-        # Ours: evaluate the model as trained, before normalize_after rescales it (the accuracy does not
-        # change under that positive affine map; the loss would).
-        results.update(reward_evaluation.evaluate_labels(self))
+        results.update(reward_evaluation.evaluate_labels(self))  # ours, before normalize_after rescales the model
 
         if self.hparams.normalize_after:
             target_mean, target_std = 0.0, 1.0
             results['normalize_after'] = self.normalize(self.sample_policy_responses, target_mean, target_std)
         return results
 
-    def read_labels(self):
-        """The training labels of labels.source (download_labels); ours: the records past labels.num_train kept
-        to evaluate on, and what the run trains on recorded (a rerun on other labels or queries is refused)."""
-        labels, self.held_out_labels = download_labels(
-            self.hparams.labels.source,
-            label_type=self.label_type,
-            question_schemas=self.question_schemas,
-            total_labels=self.hparams.labels.num_train,
-            n_vocab=self.reward_model.hparams.n_vocab,
-            padding_token=self.reward_model.padding_token,
-        )
-        self.run.record_data('labels', label_files.label_fingerprint(labels, self.held_out_labels),
-                             source=label_files.label_source(self.hparams.labels.source))
-        if self.query_sampler is not None:
-            self.run.record_data('queries', self.query_sampler.sampler.fingerprint)
-        return labels
-
     def save(self, *, done=True):
-        """The only place that saves; collective. Ours: the training state for resuming (model, Adam, step,
-        label order, query position, RNGs; see training/run.py) every save_interval batches, and when done
-        (at the end, as the original) also <save_dir>/reward_model/checkpoints/model-<global_step>.safetensors
-        (model, reward head, reward_norm gain/bias) with its hparams.json and encoding."""
+        """The only place that saves (collective): the training state (ours, training/run.py), and when done (as the
+        original, at the end) the model checkpoint in <save_dir>/reward_model."""
         self.run.save(self.global_step, extra=dict(train_indices=self.train_indices, results=self.results),
                       model=done, done=done)
         self.done = done
 
     def resume(self):
-        """Ours: restore the newest valid training state of <save_dir>/reward_model, if any (see save()).
-        Returns whether there was one."""
+        """Ours: restore the newest valid training state of <save_dir>/reward_model; whether there was one."""
         state = self.run.resume(
             modules=dict(reward_model=self.reward_model), optimizer=self.optimizer,
             samplers={} if self.query_sampler is None else dict(query=self.query_sampler),
             model=(self.reward_model, self.reward_model.hparams, self.reward_model.trained_model.encoding))
-        if not state:
-            return False
-        self.global_step = state.step
-        self.train_indices = state.extra['train_indices']
-        self.results = state.extra['results']
-        self.done = state.extra['done']
-        return True
+        if state:
+            self.global_step, self.train_indices = state.step, state.extra['train_indices']
+            self.results, self.done = state.extra['results'], state.extra['done']
+        return bool(state)
 
 
 def train(hparams: HParams):
-    """Train a reward model; returns RewardModelTrainer.train()'s results (ours; the original: None).
-    Ours: rerun with the same hparams and save dir, it resumes from the last training state there."""
+    """Ours: returns RewardModelTrainer.train()'s results; rerun on the same save dir, it resumes there."""
     # Ours: the save dir (locked; a dir holding another run is refused), its files and stats (training/run.py).
     with Run(hparams, 'train_reward') as run:
         utils.set_mpi_seed(hparams.run.seed)
@@ -442,10 +354,10 @@ def train(hparams: HParams):
         normalizing = hparams.normalize_before or hparams.normalize_after
         # Ours: bf16, the CUDA graph and the microbatch size ('auto': planned for the free memory), once.
         execution = Execution.prepare(hparams.run, memory.reward_passes(hparams), m.hparams(), resident=1 + normalizing,
-                                      trained=1, what='train_reward', smallest=run_checks.samples_per_label(hparams.labels.type))
+                                      trained=1, what='train_reward',
+                                      smallest=run_checks.samples_per_label(hparams.labels.type))
 
-        # The frozen initial policy and the query stream only serve the normalizations; the original built
-        # them always (TF built graphs lazily, so its query dataset was never read without normalization).
+        # Built only for the normalizations (the original built them always, but TF read nothing unused)
         ref_policy = query_sampler = None
         if normalizing:
             ref_policy = Policy.for_task(m, hparams.task, scope='ref_policy').to(execution.device)

@@ -5,6 +5,7 @@ eval_train_labels, on the training labels. The original reported none."""
 import torch
 
 from lm_human_preferences import label_types
+from lm_human_preferences.training import reward_loss
 from lm_human_preferences.utils import core as utils
 
 
@@ -28,7 +29,7 @@ def evaluate(trainer, labels, *, name):
     loss_sum, correct = 0.0, 0.0
     for start in range(0, len(ours), batch_size):
         batch = trainer._to_device({k: v[ours[start:start + batch_size]] for k, v in labels.items()})
-        stats, rewards = trainer.loss(batch, train=False)
+        stats, rewards = reward_loss.loss(trainer, batch, train=False)
         batch_n = len(batch['query'])
         loss_sum += stats['loss'].item() * batch_n  # the losses are means over the batch
         if isinstance(trainer.label_type, label_types.PickBest):

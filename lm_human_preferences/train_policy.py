@@ -1,18 +1,7 @@
 #!/usr/bin/env python3
-"""Fine-tune a policy with PPO against a reward model (port of the original train_policy.py).
-
-One PPO batch (`PPOTrainer.step`), as the original:
-  1. rollout: sample queries, let the policy respond (untruncated), score the postprocessed
-     (truncated) responses with the reward model, penalize responses that fail the filter;
-  2. per-token rewards: -kl_coef * (logprob - ref_logprob), plus the score at the last token;
-  3. noptepochs epochs over nminibatches minibatches (fresh permutation each epoch): per minibatch,
-     whiten rewards (keeping the mean), GAE, whiten advantages, clipped policy and value losses,
-     one AdamTF step on the gradients averaged over ranks;
-  4. stats averaged over ranks, then the adaptive KL controller sees the averaged KL.
-
-The math is in small functions (compute_rewards, compute_advantages, ppo_loss) so tests can check it
-against numpy; PPOTrainer shows where each is used.
-"""
+"""Fine-tune a policy with PPO against a reward model (port of the original train_policy.py; PORTING.md lists what
+differs). Ours: the PPO math is in small functions (compute_rewards, compute_advantages, ppo_loss) that the tests
+check against numpy; PPOTrainer shows where each is used."""
 
 import os
 import time
@@ -28,7 +17,7 @@ from lm_human_preferences.language import sample, trained_models
 from lm_human_preferences.online import loop as online_loop
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import TrainedRewardModel
-from lm_human_preferences.training import train_state, memory, run_checks
+from lm_human_preferences.training import memory, run_checks, train_state
 from lm_human_preferences.training.adam import AdamTF
 from lm_human_preferences.training.execution import Execution
 from lm_human_preferences.training.run import Progress, Run
@@ -95,10 +84,8 @@ class HParams(hyperparams.HParams):
     online: online_loop.OnlineHParams = field(default_factory=online_loop.OnlineHParams)  # ours: online/loop.py
 
     def override_from_dict(self, flat_dict, separator='.'):
-        """Ours: while the reward model is trained here (rewards.train_new_model on), a `task.X` value sets
-        `rewards.train_new_model.task.X` as well, unless the same dict sets that one itself. The experiments
-        bind the task for both phases (launch.py's bind_nested) and train() needs the two equal, so a
-        command-line `--task.X` must set both too (it made the run fail after its launch)."""
+        """Ours: while rewards.train_new_model is on, a `task.X` value sets `rewards.train_new_model.task.X` too
+        (unless the dict sets that one itself): the reward model is trained on the policy's task."""
         super().override_from_dict(flat_dict, separator=separator)
         if self.rewards.train_new_model is not None:
             reward_task = separator.join(('rewards', 'train_new_model', ''))
@@ -124,11 +111,9 @@ class HParams(hyperparams.HParams):
 
 
 def chain_reward_model(hparams: HParams):
-    """Ours: the values train() derives when it trains the reward model first (rewards.train_new_model):
-    the reward phase saves into the policy's save dir, its model in <save_dir>/reward_model, which the
-    policy then loads; it logs to wandb when the policy does. The launcher sets them too, before the run,
-    so that --dry_run shows them. (The original set the reward run's save dir in train, and
-    rewards.trained_model only after training it.)"""
+    """The values train() derives when it trains the reward model first (the original set them in train): the reward
+    phase saves into the policy's save dir, the policy loads <save_dir>/reward_model. Ours: the launcher sets them
+    too, so that --dry_run shows them; the reward phase logs to wandb when the policy does."""
     if not hparams.rewards.train_new_model:
         return
     save_dir = hparams.run.save_dir
@@ -293,11 +278,8 @@ class PPOTrainer:
         self.start_time = self.last_time = time.time()
 
     def step(self):
-        """One PPO batch: every rank's rollout and rewards, noptepochs of minibatch updates, stats, KL
-        controller. Ours: the ranks this process carries run side by side, as row blocks of one batch
-        (utils/ranks.py): each samples its own queries with its own random streams, whitens over its own
-        minibatch and has its own stats; the policy they share is updated once per minibatch, with the
-        gradients averaged over all ranks."""
+        """One PPO batch. Ours: the ranks this process carries run side by side, as row blocks of one batch
+        (utils/ranks.py), each with its own queries, random streams, whitening and stats."""
         hparams = self.hparams
         step_started_at = time.time()
 
@@ -329,11 +311,8 @@ class PPOTrainer:
         return stats
 
     def rollout(self, kl_coef):
-        """The rollout of every rank this process carries, side by side (no gradients): their queries, the
-        policy's responses (the sampling-time logprobs and values are the "old" ones), the reference
-        logprobs, the scores of the postprocessed (truncated) responses and the per-token rewards. Returns
-        (rollouts, the PPO minibatches' data; data, for the stats and the samples printed), rows grouped by
-        rank."""
+        """The original's rollout of step(), every rank's side by side: (rollouts, the minibatches' data; data, for the
+        stats and the samples printed), rows grouped by rank."""
         hparams = self.hparams
         microbatch_size = self.execution.microbatch_size
 
@@ -346,9 +325,7 @@ class PPOTrainer:
                                            execution=self.execution)
         responses = rollouts['responses']
         if self.execution.bf16:
-            # Ours: under bf16 the sampler's cached decoding and the loss's full forward round differently, so
-            # PPO's ratio would start off 1 by up to ~2e-2 (the clip range is 0.2): the old logprobs and values
-            # are the loss's forward's (fp32 keeps the sampler's, as the original; PORTING.md).
+            # Ours: under bf16 the old logprobs and values are the loss's forward's, so that the ratio starts at 1
             rollouts = dict(rollouts, **self.forward_for_first_minibatch(queries, responses))
         with torch.no_grad(), self.execution.autocast():
             ref_logprobs = utils.microbatched(
@@ -370,9 +347,8 @@ class PPOTrainer:
         return rollouts, data
 
     def forward_for_first_minibatch(self, queries, responses):
-        """Ours, bf16 mode: the policy's logprobs and values of the rollouts by the loss's forward, detached, as
-        the "old" ones. Where the first minibatch is the whole batch in one pass (nminibatches 1, no split),
-        that forward, its graph kept, is the first minibatch's own (train), so that it is not run twice."""
+        """Ours, bf16 mode: the "old" logprobs and values by the loss's forward; its graph kept where the first
+        minibatch is the whole batch in one pass, so that train() does not run it twice."""
         whole = self.hparams.ppo.nminibatches == 1 and len(utils.microbatches(len(queries),
                                                                               self.execution.microbatch_size)) == 1
         with torch.set_grad_enabled(whole), self.execution.autocast():
@@ -382,8 +358,7 @@ class PPOTrainer:
         return dict(logprobs=outputs['logprobs'].detach(), values=outputs['values'].detach())
 
     def train(self, rollouts):
-        """noptepochs epochs over the rollouts (every rank's, rows grouped by rank) in nminibatches
-        minibatches. Returns each rank's stats, [ranks, number of minibatches] per key."""
+        """Each rank's stats, [ranks, number of minibatches] per key (rows grouped by rank)."""
         per_rank = self.per_rank_rollout_batch_size
         forward, self.rollout_forward = self.rollout_forward, None  # ours: the first minibatch's, if kept
         stat_list = []
@@ -402,9 +377,8 @@ class PPOTrainer:
         return {k: torch.stack([s[k] for s in stat_list], dim=1) for k in stat_list[0].keys()}
 
     def train_minibatch(self, minibatch, forward=None):
-        """One step of PPO training: every rank's loss on its own minibatch (side by side), one update with
-        the gradients averaged over all ranks. Returns each rank's stats, [ranks] per key. forward (ours): the
-        policy's outputs on these rows, kept from the rollout (forward_for_first_minibatch)."""
+        """One step of PPO training: each rank's stats, [ranks] per key. forward (ours): the policy's outputs on
+        these rows, kept from the rollout (forward_for_first_minibatch)."""
         # Linear lr decay by PPO batch: constant within a batch's epochs and minibatches.
         lrnow = self.hparams.ppo.lr * (1 - policy_frac(self.hparams, self.global_step))
         for group in self.optimizer.param_groups:
@@ -412,8 +386,7 @@ class PPOTrainer:
 
         self.optimizer.zero_grad(set_to_none=True)
         stats = self.loss(minibatch, forward=forward)
-        # Average the gradients over ranks (the original's MPI allreduce in `minimize`); every rank then
-        # applies the same update, so the ranks' policies stay identical. No gradient clipping.
+        # The gradients' mean over ranks (the original's allreduce in `minimize`); no gradient clipping.
         utils.mpi_allreduce_mean_grads(self.policy.parameters())
         # Ours: stop before a non-finite update is applied (and so before it could be saved).
         utils.check_finite(self.global_step, **utils.per_rank('loss', stats['loss/total']),
@@ -422,13 +395,9 @@ class PPOTrainer:
         return stats
 
     def loss(self, rollouts, forward=None):
-        """Every rank's PPO loss on its minibatch (rows grouped by rank), back-propagated: the gradient of
-        the mean of the ranks' losses adds to .grad. Returns each rank's stats, [ranks] per key. forward
-        (ours): the policy's outputs on these rows in one piece, kept from the rollout, instead of a new one.
-
-        Ours: the policy runs on microbatches of at most run.microbatch_size sequences (a microbatch may
-        span ranks), each back-propagated at once with its share of the loss, so no graph holds more; the
-        rewards and advantages are still whitened over each rank's whole minibatch, as the original."""
+        """Every rank's PPO loss on its minibatch, back-propagated (the gradient of the ranks' mean loss); each rank's
+        stats, [ranks] per key. Ours: the policy's passes in microbatches of at most run.microbatch_size, each
+        back-propagated at once; whitening and GAE still over each rank's whole minibatch."""
         ppo = self.hparams.ppo
         ranks = self.ranks.count
         values = rollouts['values']
@@ -461,9 +430,7 @@ class PPOTrainer:
         return stats
 
     def record_step_stats(self, *, kl_coef, data, train_stats):
-        """Stats of this batch (each rank's, as the original computed them from its data and train_stats;
-        rows and train_stats grouped by rank) averaged over all ranks, logged (table, TensorBoard, jsonl,
-        wandb); returns them."""
+        """Each rank's stats of this batch as the original's, averaged over all ranks, logged; returns them."""
         hparams = self.hparams
         by_rank = self.ranks.view  # [ranks * per_rank, ...] -> [ranks, per_rank, ...]
 
@@ -506,8 +473,7 @@ class PPOTrainer:
             'elapsed/time': total,
         })
 
-        # The original logged only on rank 0 with a save_dir (where its summary writer existed); we
-        # always print the table on rank 0 every log_interval batches (and ours: JSONL, wandb).
+        # The original's table every log_interval batches, with a save dir or not; ours: JSONL, wandb too.
         return self.run.stats.log(stats, step)
 
     def print_samples(self, queries, responses, scores, logprobs, ref_logprobs):
@@ -552,8 +518,7 @@ def make_score_fn(hparams, score_model, microbatch_size=None):
 
 def resume(run, ppo_trainer, m):
     """Ours: restore ppo_trainer from the run's last training state, if any; returns save(): the model checkpoint
-    (as the original) and the training state for resuming (policy, Adam, step, KL coefficient, query position,
-    every rank's RNGs; see training/run.py)."""
+    (as the original) and the training state (training/run.py)."""
     policy = ppo_trainer.policy
     state = run.resume(modules=dict(policy=policy), optimizer=ppo_trainer.optimizer,
                        samplers=dict(query=ppo_trainer.query_sampler), model=(policy, m.hparams(), m.encoding))
@@ -570,8 +535,7 @@ def resume(run, ppo_trainer, m):
 def train(hparams: HParams):
     """Ours: rerun with the same hparams and save dir, it resumes from the last training states there."""
     run_checks.check_reward_task(hparams)  # at launch already (validate); here for callers of train()
-    # The original then loaded the new reward model from <save_dir>/reward_model (and, under pytest,
-    # swapped in a random 'test' reward model); we always load the one just trained.
+    # The original swapped in a random 'test' reward model under pytest; we always load the one trained.
     chain_reward_model(hparams)
 
     # Ours: the save dir (locked; a dir holding another run is refused), its files and stats (training/run.py).
@@ -612,8 +576,7 @@ def train(hparams: HParams):
         # sync_models: every rank starts from rank 0's weights (for random 'test' models they differ).
         utils.sync_params(list(score_model.parameters()) + list(ref_policy.parameters()) + list(policy.parameters()))
 
-        # Ours: the run records which queries it uses, and refuses to resume on others; it continues from the
-        # last training state in the save dir, if any.
+        # Ours: a rerun on other queries is refused; a rerun resumes from the save dir's last training state.
         run.record_data('queries', query_sampler.fingerprint)
         save = resume(run, ppo_trainer, m)
         # Ours: the paper's online loop (online/loop.py): the reward model retrained on new labels as PPO goes.

@@ -28,7 +28,8 @@ def check_reward_hparams(hparams, *, prefix=''):
     require, positive = hyperparams.require, hyperparams.positive
     for name in ('batch_size', 'rollout_batch_size'):
         require(getattr(hparams, name) > 0, prefix + name, getattr(hparams, name), 'it must be at least 1')
-    require(hparams.labels.num_train > 0, prefix + 'labels.num_train', hparams.labels.num_train, 'it must be at least 1')
+    require(hparams.labels.num_train > 0, prefix + 'labels.num_train', hparams.labels.num_train,
+            'it must be at least 1')
     for name in ('normalize_samples', 'debug_normalize'):
         require(getattr(hparams, name) >= 0, prefix + name, getattr(hparams, name), 'it must be at least 0')
     require(positive(hparams.lr), prefix + 'lr', hparams.lr, 'it must be a positive number')

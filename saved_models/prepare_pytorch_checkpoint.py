@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from lm_human_preferences.language import convert_tf, trained_models  # noqa: E402
-from lm_human_preferences.utils import extras  # noqa: E402
+from lm_human_preferences.utils import optional_deps  # noqa: E402
 
 
 def main(argv=None):
@@ -34,7 +34,7 @@ def main(argv=None):
         src = trained_models.TrainedModel(src).download_release()
     try:
         path = convert_tf.convert_tf_checkpoint(src, args.dst, scope=args.scope)
-    except extras.MissingExtra as e:
+    except optional_deps.MissingExtra as e:
         sys.exit(f'error: {e}')
     print(f'wrote {path}')
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from lm_human_preferences.language import trained_models
-from lm_human_preferences.utils import extras, hyperparams
+from lm_human_preferences.utils import hyperparams, optional_deps
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 tomllib = pytest.importorskip('tomllib', reason='tomllib is in the standard library from Python 3.11')
@@ -30,7 +30,7 @@ def test_tensorflow_and_wandb_are_extras_not_the_core():
     assert _names(optional['tf']) == {'tensorflow-cpu'} and _names(optional['wandb']) == {'wandb'}
     assert _names(optional['test']) == {'pytest', 'transformers', 'selenium'}
     assert optional['all'] == ['lm-human-preferences-torch[tf,wandb,test]']
-    assert project['name'] == extras.PACKAGE
+    assert project['name'] == optional_deps.PACKAGE
 
 
 def test_ci_installs_and_runs_what_the_readme_says():
@@ -65,7 +65,7 @@ def test_converting_without_tensorflow_is_one_line_naming_the_extra(tmp_path, mo
     (tmp_path / 'checkpoint').write_text('model_checkpoint_path: "model.ckpt"\n')
     (tmp_path / 'model.ckpt.index').write_bytes(b'')
     monkeypatch.setitem(sys.modules, 'tensorflow', None)
-    with pytest.raises(extras.MissingExtra) as e:
+    with pytest.raises(optional_deps.MissingExtra) as e:
         trained_models.TrainedModel(str(tmp_path)).checkpoint()
     assert str(e.value) == (f"converting the TensorFlow checkpoint {tmp_path / 'model.ckpt'} needs tensorflow, which "
                             f"is not installed: pip install 'lm-human-preferences-torch[tf]' (in a checkout: "

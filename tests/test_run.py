@@ -16,7 +16,7 @@ import torch
 from lm_human_preferences import train_policy, train_reward
 from lm_human_preferences.language import checkpoints
 from lm_human_preferences.training import train_state, plots, run
-from lm_human_preferences.utils import extras, stopping
+from lm_human_preferences.utils import optional_deps, stopping
 from test_resume import env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -479,7 +479,7 @@ def test_wandb_problems_are_one_line_at_launch(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv('WANDB_API_KEY', 'x' * 40)
     monkeypatch.setenv('WANDB_BASE_URL', 'http://127.0.0.1:9')  # the discard port: nothing listens
     with pytest.raises(ValueError, match=r'the W&B server http://127.0.0.1:9 cannot be reached'):
-        extras.check_wandb('x')
+        optional_deps.check_wandb('x')
     assert not (tmp_path / 'x').exists()
 
 

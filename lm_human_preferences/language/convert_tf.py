@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from lm_human_preferences.language import checkpoints, model
-from lm_human_preferences.utils import extras
+from lm_human_preferences.utils import optional_deps
 
 # Optimizer slots (the original's AdamOptimizer named 'adam'; TF's default name is 'Adam') and counters.
 _SKIPPED = re.compile(r'(.*/)?(Adam|Adam_1|adam|adam_1|beta1_power(_\d+)?|beta2_power(_\d+)?|global_step|train_step)$')
@@ -168,7 +168,7 @@ def convert_tf_checkpoint(src, dst, *, scope=None):
     os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
     os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
     # Only here: nothing but conversion needs TensorFlow (the `tf` extra).
-    tf = extras.require('tensorflow', extra='tf', needed_for=f'converting the TensorFlow checkpoint {prefix}')
+    tf = optional_deps.require('tensorflow', extra='tf', needed_for=f'converting the TensorFlow checkpoint {prefix}')
     with _unreadable_checkpoint_errors(tf, prefix):
         variables = tf.train.list_variables(prefix)
     if scope is None:

@@ -219,7 +219,7 @@ def _wandb_run(hparams, kind):
     train_reward run); a resumed run continues its wandb run (its id is kept in the save dir)."""
     if not hparams.run.wandb or not core.is_root():
         return None
-    import wandb  # the `wandb` extra; checked at launch (extras.check_wandb)
+    import wandb  # the `wandb` extra; checked at launch (optional_deps.check_wandb)
     save_dir = hparams.run.save_dir
     name = os.path.basename(os.path.normpath(save_dir)) if save_dir else None
     run_id = None

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lm_human_preferences.utils import command_line, extras, files, gcs, ranks, stopping
+from lm_human_preferences.utils import command_line, files, gcs, optional_deps, ranks, stopping
 from lm_human_preferences.utils.command_line import ConfigError
 
 
@@ -105,7 +105,7 @@ def reuse_freed_memory():
 # Errors of bad inputs (a file, a value, a download, a missing extra), reported in one line by main. A
 # worker that fails writes a report (the line, or a bug's traceback) for the launcher, which reports the
 # first one.
-INPUT_ERRORS = (gcs.DownloadError, OSError, ValueError, FloatingPointError, extras.MissingExtra)
+INPUT_ERRORS = (gcs.DownloadError, OSError, ValueError, FloatingPointError, optional_deps.MissingExtra)
 _ERROR_EXIT = 3  # a worker's exit code after it wrote its error report
 _STOPPED_EXITS = {stopping.exit_code(stopping.Stopped(signum)): signum for signum in stopping.STOP_SIGNALS}
 
@@ -257,8 +257,8 @@ def check_before_start(job_name, hparams):
     is not in use by another process (the run checks it again when it takes it)."""
     if any(v for k, v in command_line.flat_hparams(hparams).items() if k.endswith('run.wandb')):
         try:
-            extras.check_wandb(job_name)
-        except (ValueError, extras.MissingExtra) as e:
+            optional_deps.check_wandb(job_name)
+        except (ValueError, optional_deps.MissingExtra) as e:
             raise ConfigError(str(e)) from None
     run_dir = hparams.run.save_dir
     holder = files.lock_holder(os.path.join(run_dir, '.lock')) if run_dir else None

@@ -1,4 +1,4 @@
-"""The optional dependencies (ours): pyproject.toml's extras, imported only by the code that needs them.
+"""Ours: the optional dependencies (pyproject.toml's extras), imported only by the code that needs them.
 
     tf      tensorflow, to convert the original's TF checkpoints (language/convert_tf.py)
     wandb   Weights & Biases logging (run.wandb; training/run.py)

@@ -37,6 +37,68 @@ def test_the_recorded_original_is_whole():
         'nvidia_gpu_count', 'get_local_rank_size', 'gpu_devices']
 
 
+def test_mirrored_files_hold_the_translation():
+    rows = beside_original.table(RECORDED)
+    print('\n' + beside_original.format_table(rows))
+    too_long = [f"{r['file']} {r['ratio']:.2f}x > {MAX_RATIO[r['file']]}x" for r in rows
+                if r['file'] in MAX_RATIO and r['ratio'] > MAX_RATIO[r['file']]]
+    # Of the original's names each file holds, at least 85 % in the original's order.
+    out_of_order = [f"{r['file']}: {r['in_order']} of {r['found']} in order" for r in rows
+                    if r['in_order'] < 0.85 * r['found']]
+    assert not too_long and not out_of_order, (too_long, out_of_order)
+    core = next(r for r in rows if r['file'] == 'lm_human_preferences/utils/core.py')
+    assert core['in_order'] == core['found'], "utils/core.py: the original's functions in the original's order"
+
+
+def test_porting_names_files_that_exist():
+    """Every file PORTING.md names is in the repository: a path from the root or from lm_human_preferences/, a
+    bare file name somewhere in it (the original's own files aside)."""
+    porting = (REPO_ROOT / 'PORTING.md').read_text()
+    ours = {p.name for p in REPO_ROOT.rglob('*.py') if '.venv' not in p.parts}
+    original_only = set(RECORDED['files']) - set(beside_original.module_map(porting).values())
+    missing = []
+    for code in {c for line in porting.splitlines() for c in re.findall(r'`([^`\s]+)`', line)}:
+        for path in beside_original._paths(f'`{code.partition(":")[0]}`'):
+            if path in original_only:
+                continue
+            exists = (any((root / path).is_file() for root in (REPO_ROOT, REPO_ROOT / 'lm_human_preferences'))
+                      if '/' in path else path in ours)
+            if not exists:
+                missing.append(path)
+    assert not missing, sorted(missing)
+
+
+def test_porting_names_functions_that_exist():
+    """Every `module.name` of ours in PORTING.md's tables (their column of ours: a file's stem or path, then a name)
+    is defined there: a stale name after a move fails here. Stems that are also hparam groups (`run.seed`,
+    `ppo.lr`) are read as hparams."""
+    porting = (REPO_ROOT / 'PORTING.md').read_text()
+    ours_column = {'Module map': 1, 'Renamed names': 2, 'Bugs of the original': 1, 'Deliberate differences, by module': 1,
+                   'Checks the original did not have': 1}
+    cells = [row[column] for heading, column in ours_column.items()
+             for row in beside_original._table(porting, heading)]
+    files = [p for p in REPO_ROOT.rglob('*.py') if not {'.venv', 'tests'} & set(p.relative_to(REPO_ROOT).parts)]
+    by_stem = {}
+    for p in files:
+        by_stem.setdefault(p.stem, []).append(p)
+    hparam_groups = {'run', 'labels', 'rewards', 'policy', 'ppo', 'task', 'online', 'sample', 'datasets', 'model', 'test',
+                     'main', 'books', 'local', 'utils'}
+    stale = set()
+    for code in {c for cell in cells for c in re.findall(r'`([^`]+)`', cell)}:
+        for m in re.finditer(r'(?<![\w.])((?:\w+/)*)([a-z_][a-z0-9_]*)\.([A-Za-z_]\w*)', code):
+            folder, stem, name = m.group(1).rstrip('/'), m.group(2), m.group(3)
+            if stem not in by_stem or (not folder and stem in hparam_groups) or name in ('py', 'json', 'txt', 'md'):
+                continue
+            defined = set()
+            for p in by_stem[stem]:
+                if not folder or p.parent.as_posix().endswith(folder):
+                    text = p.read_text()
+                    defined |= set(beside_original.names(text)) | set(re.findall(r'^\s*(\w+)\s*[:=]', text, re.M))
+            if name not in defined:
+                stale.add(m.group(0))
+    assert len(cells) > 100 and not stale, sorted(stale)
+
+
 # ---------------------------------------------------------------------------------------------------
 # The side-by-side page, on a small original-like checkout and port made here
 

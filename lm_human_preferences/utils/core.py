@@ -187,14 +187,9 @@ def logprobs_from_logits(*, logits, labels):
 
 
 def sample_from_logits(logits, generator=None):
-    """One categorical sample per row of logits (any leading shape); returns int64 token ids.
-
-    tf.random.categorical's own algorithm (TF's Multinomial kernel): a running sum in float64 of
-    exp(logit - max) over the finite logits, searched (upper bound) for uniform * total. TF computes
-    the exp in float64 too; float32 is 6x faster and off by ~1e-7 relative per logit. torch.multinomial
-    samples the same distribution but draws one exponential variate per logit: after the matmuls, it
-    was the largest cost of a sampling step (15 ms of [16, 50257] logits on 2 cores, against 1.3 ms).
-    """
+    """One categorical sample per row of logits (any leading shape); returns int64 token ids: the original's
+    tf.random.categorical, by TF's own algorithm (a running sum of exp(logit - max), searched for uniform *
+    total), with torch's random stream and the exp in float32 (PORTING.md says why, and what it costs)."""
     samples, has_finite = sample_from_logits_unchecked(logits, generator)
     check_rows_have_finite_logits(has_finite)
     return samples

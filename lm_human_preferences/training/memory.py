@@ -5,8 +5,7 @@ GPU the paper's sentiment PPO loss holds 8 x 64 episodes, some 40 GB in fp32. `r
 every pass to K sequences; `auto` picks the largest K whose passes fit the device's free memory, by this
 model: a fixed part (the resident models, and the trained one's gradients and Adam moments) plus, for each
 kind of pass, bytes per sequence that grow with its tokens. The constants are what benchmarks/memory.py
-measured, rounded up (2-core CPU, fp32, GPT-2 124M, 88-token sequences: the books PPO step needed 73.1 MiB a
-sequence, this model says 78.6; the reward step 50.4, this model 51.1).
+measured, rounded up (benchmarks/README.md).
 """
 
 from dataclasses import dataclass

@@ -65,16 +65,10 @@ def run_ranks(f, mpi):
 
 
 def exit_without_finalizing(code):
-    """End a process that ran in a process group, skipping Python's finalization.
-
-    A collective's work object is freed by the gloo thread that ran it when that thread lets go of it,
-    which can be after the main thread has returned from the collective and gone on to exit, and
-    destroy_process_group does not join those threads. Freeing the work's tensors takes the GIL; a
-    thread taking the GIL while Python finalizes is ended with pthread_exit, whose forced unwind through
-    gloo's noexcept destructor calls std::terminate: SIGABRT, "terminate called without an active
-    exception" (2 runs in 100 of tests/test_train_state.py's two-process test; a core dump showed
-    ProcessGroupGloo::runLoop -> ~AsyncBroadcastWork -> decref_pyobject -> take_gil -> pthread_exit).
-    Everything of ours is written and closed by then; only the streams need flushing."""
+    """End a process that ran in a process group, skipping Python's finalization: a gloo thread that frees a
+    collective's work after the main thread returned takes the GIL while Python finalizes, and dies in
+    std::terminate (SIGABRT; PORTING.md). Everything of ours is written and closed by then; only the streams
+    need flushing."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -63,7 +63,7 @@ class HParams(hyperparams.HParams):
 
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
-        run_checks.check_reward_hparams(self, prefix=prefix)  # the original's exact_div; ours: one line a value
+        run_checks.check_reward_hparams(self, prefix=prefix)  # the original's exact_div, and ours (one line each)
 
 
 def _mean_std(mean, std):

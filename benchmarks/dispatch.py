@@ -116,12 +116,13 @@ def paper_config(name):
     """The train_policy hparams of the paper's experiment (launch.py), without its reward-model phase."""
     sys.path.insert(0, str(REPO_ROOT))
     import launch as top_launch
+    from lm_human_preferences import launch_commands
     from lm_human_preferences import train_policy
     exp = dict(books='sentiment', tldr='tldr')[name]
     trial = top_launch.get_experiments()[exp][0]
     hp = train_policy.HParams()
     hp.override_from_dict({k: v for k, v, _ in trial if k is not None and not k.startswith('rewards.train_new_model')})
-    return hp, top_launch.PAPER_RANKS
+    return hp, launch_commands.PAPER_RANKS
 
 
 def count_update(name, *, microbatch_size, bf16, adam, seed=1):

@@ -70,6 +70,7 @@ class Shape:
 def paper_shapes():
     sys.path.insert(0, str(REPO_ROOT))
     import launch as top_launch
+    from lm_human_preferences import launch_commands
     from lm_human_preferences import train_policy
 
     def hparams(exp):
@@ -83,7 +84,7 @@ def paper_shapes():
         r = h.rewards.train_new_model
         shapes[name] = Shape(
             name=name, experiments=experiments, query_length=h.task.query_length,
-            response_length=h.task.response_length, ranks=top_launch.PAPER_RANKS, rollout=h.ppo.batch_size,
+            response_length=h.task.response_length, ranks=launch_commands.PAPER_RANKS, rollout=h.ppo.batch_size,
             minibatch=h.ppo.batch_size // h.ppo.nminibatches, labels=r.batch_size, normalize=r.rollout_batch_size)
     return shapes
 

@@ -8,7 +8,6 @@ each question took to come, as the page fetched it) and what about a hundred lab
 """
 import argparse
 import json
-import os
 import random
 import re
 import subprocess

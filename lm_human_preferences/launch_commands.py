@@ -74,8 +74,13 @@ def label_command(reward_experiments):
         from lm_human_preferences import train_reward
         from lm_human_preferences.labeling import command
         offline = offline_experiments.experiment(exp) if exp in offline_experiments.PACKAGES else None
+        prepare_task = None
+        if offline is not None:  # its initial model is pretrained once, as its trainers' runs do
+            from lm_human_preferences.offline import experiment as offline_engine
+            prepare_task = functools.partial(offline_engine.resolve_initial_model, offline)
         fn = functools.partial(command.label_session, experiment=exp, offline=offline, policy=policy,
-                               validation=validation, num=num, labelers=labelers, host=host, port=port, overlap=overlap)
+                               validation=validation, num=num, labelers=labelers, host=host, port=port, overlap=overlap,
+                               prepare_task=prepare_task)
         launch.launch_trials(name, fn=fn, trials=get_trials(reward_experiments(), 'label', exp), mpi=1,
                              procs=1, save_dir=save_dir or command.default_save_dir(), hparam_class=train_reward.HParams,
                              extra_hparams=extra_hparams)

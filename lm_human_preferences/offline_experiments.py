@@ -5,6 +5,8 @@ a package is imported only when it is asked for (it pulls in the trainers, and r
 import importlib
 
 PACKAGES = dict(demo='lm_human_preferences.demo', sentiment_mini='lm_human_preferences.sentiment_mini')
+# Their labelers (each experiment's Labeler.name), the programs the online loop can ask: --online.labeler NAME.
+LABELERS = dict(rule='demo', vader='sentiment_mini')
 
 
 def package(name):
@@ -15,6 +17,11 @@ def package(name):
 def experiment(name):
     """The OfflineExperiment `name` (offline/experiment.py)."""
     return package(name).EXPERIMENT
+
+
+def labeler(name):
+    """The program labeler `name` (LABELERS): its experiment's Labeler (offline/experiment.py)."""
+    return experiment(LABELERS[name]).labeler
 
 
 def experiments():

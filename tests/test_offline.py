@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from lm_human_preferences import demo, label_types, sentiment_mini, train_reward
 from lm_human_preferences.sentiment_mini import bindings as sentiment_mini_bindings
+from lm_human_preferences.labeling import programs
 from lm_human_preferences.offline import experiment, labels, pretrain
 from lm_human_preferences.language import checkpoints, datasets, encodings, model, model_sources, trained_models
 from lm_human_preferences.utils import gcs
@@ -41,7 +42,7 @@ def test_an_offline_experiments_model_name_is_known_at_launch(tmp_path, monkeypa
 
 def test_pick_best_breaks_ties_at_random():
     rng = np.random.RandomState(0)
-    picks = [labels.pick_best(np.array([[1, 3, 3, 0]]), rng)[0] for _ in range(200)]
+    picks = [programs.pick_best(np.array([[1, 3, 3, 0]]), rng)[0] for _ in range(200)]
     assert set(picks) == {1, 2} and 60 < picks.count(1) < 140  # ties at random, never a lower score
 
 
@@ -61,13 +62,13 @@ def test_vader_labeler_prefers_the_most_positive_response():
     scores = labeler.scores(responses, encoder).numpy()
     assert scores[0] > scores[3] > 0 and scores[1] < 0 and scores[2] == 0  # VADER's compound, in [-1, 1]
     assert scores.tolist() == [vader.compound_score(t) for t in texts]  # the padding decodes to ''
-    assert labels.pick_best(scores[None], np.random.RandomState(0)).tolist() == [0]
+    assert programs.pick_best(scores[None], np.random.RandomState(0)).tolist() == [0]
     # Neutral responses tie (compound 0): the best is any of them, at random.
     neutral = np.array([[labeler.score(' The carriage stood at the door.'), labeler.score(' He read the letter.'),
                          labeler.score(' It was a dreadful evening.'), labeler.score(' They walked to the town.')]])
     assert neutral[0, [0, 1, 3]].tolist() == [0, 0, 0] and neutral[0, 2] < 0
     rng = np.random.RandomState(0)
-    assert {labels.pick_best(neutral, rng)[0] for _ in range(100)} == {0, 1, 3}
+    assert {programs.pick_best(neutral, rng)[0] for _ in range(100)} == {0, 1, 3}
 
 
 def test_labeler_ceiling_counts_ties():
@@ -344,3 +345,11 @@ def test_a_stop_in_a_phase_says_what_a_rerun_does(capsys):
         with phases('train_policy'):
             raise said
     assert capsys.readouterr().err == '' and set(phases.seconds()) == {'labels', 'train_policy'}
+
+
+def test_the_program_labelers_table_names_each_experiments_labeler():
+    """offline_experiments.LABELERS (the online loop's --online.labeler NAME) agrees with each experiment's Labeler."""
+    from lm_human_preferences import offline_experiments
+    assert sorted(offline_experiments.LABELERS.values()) == sorted(offline_experiments.PACKAGES)
+    for name, exp in offline_experiments.LABELERS.items():
+        assert offline_experiments.labeler(name).name == name == offline_experiments.experiment(exp).labeler.name

@@ -7,14 +7,12 @@ original's format (store.py), which train_reward reads with --labels.source. Rer
 with the same session: what was answered stays answered.
 """
 
-import importlib
 import json
 import os
 import sys
-import threading
 import time
 
-from lm_human_preferences import label_types, lm_tasks
+from lm_human_preferences import label_types
 from lm_human_preferences.labeling import questions as questions_module
 from lm_human_preferences.labeling.server import LabelServer, is_loopback
 from lm_human_preferences.labeling.store import LabelStore, SESSION_FILE, parse_labelers
@@ -50,16 +48,15 @@ def _policy(model, task):
 
 def _run_hparams(save_dir, task):
     """Check that save_dir is a train_policy run of the task's queries (one line if not)."""
-    from lm_human_preferences import train_policy  # lazily: it pulls in the trainers
     hparams_path = os.path.join(save_dir, 'train_policy_hparams.json')
     if not os.path.isfile(hparams_path):
         raise ValueError(f'{save_dir} is no train_policy save dir ({hparams_path} is missing)')
-    run_hparams = train_policy.HParams()
-    run_hparams.override_from_json_file(hparams_path)
+    with open(hparams_path) as f:
+        run_task = json.load(f)['task']
     for k in ('query_dataset', 'query_length', 'response_length', 'query_prefix', 'query_suffix'):
-        if getattr(run_hparams.task, k) != getattr(task, k):
-            raise ValueError(f"{save_dir}'s run had task.{k} {getattr(run_hparams.task, k)!r}, this session "
-                             f"{getattr(task, k)!r}: its policy answers another task's queries")
+        if run_task.get(k) != getattr(task, k):
+            raise ValueError(f"{save_dir}'s run had task.{k} {run_task.get(k)!r}, this session {getattr(task, k)!r}: "
+                             f"its policy answers another task's queries")
 
 
 def _run_policy(save_dir, task):
@@ -68,10 +65,11 @@ def _run_policy(save_dir, task):
 
 
 def label_session(hparams, *, experiment, offline, policy=None, validation=None, num=100, labelers=None,
-                  host='127.0.0.1', port=0, overlap=0.05, question_batch=QUESTION_BATCH):
+                  host='127.0.0.1', port=0, overlap=0.05, question_batch=QUESTION_BATCH, prepare_task=None):
     """Serve the session in hparams.run.save_dir (a train_reward experiment's hparams: its task, labels.type and
-    run.seed) until num labels are given; returns the store. offline: the OfflineExperiment (or None). Every bad
-    argument is one line before anything is made."""
+    run.seed) until num labels are given; returns the store. offline: the OfflineExperiment (or None);
+    prepare_task(task, run_seed): what makes the task's initial model first (an offline experiment's pretraining,
+    which the launcher passes). Every bad argument is one line before anything is made."""
     task, label_type, seed = hparams.task, hparams.labels.type, hparams.run.seed or 0
     directory = hparams.run.save_dir
     existing = None
@@ -83,9 +81,8 @@ def label_session(hparams, *, experiment, offline, policy=None, validation=None,
     run_dir = policy or validation
     if run_dir is not None:
         _run_hparams(run_dir, task)
-    if offline is not None:
-        offline_experiment = importlib.import_module('lm_human_preferences.offline.experiment')
-        offline_experiment.resolve_initial_model(offline, task, run_seed=hparams.run.seed)
+    if prepare_task is not None:
+        prepare_task(task, run_seed=hparams.run.seed)
     initial_model = trained_models.TrainedModel(task.policy.initial_model)
     origin = dict(form='validation' if validation else 'policy', initial_model=initial_model.checkpoint(),
                   run=os.path.abspath(run_dir) if run_dir else None)

@@ -16,6 +16,7 @@ import torch
 
 from lm_human_preferences import label_types, lm_tasks
 from lm_human_preferences import train_reward as train_reward_module
+from lm_human_preferences.labeling.programs import label_best
 from lm_human_preferences.labeling.questions import sample_responses
 from lm_human_preferences.language import trained_models
 from lm_human_preferences.policy import Policy
@@ -24,18 +25,6 @@ from lm_human_preferences.training.execution import Execution
 from lm_human_preferences.training.run import Progress
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import files, gcs
-
-
-def pick_best(scores, rng):
-    """Index of the highest score in each row of scores [n, N], ties broken at random by rng."""
-    return np.array([rng.choice(np.flatnonzero(row == row.max())) for row in np.asarray(scores)])
-
-
-def label_best(labeler, samples, encoder, rng):
-    """The labeler's pick of each row of samples [b, N, length] (postprocessed responses): the index of its highest
-    score, ties broken at random by rng."""
-    scores = torch.stack([labeler.scores(samples[:, j], encoder) for j in range(samples.shape[1])], dim=1)  # [b, N]
-    return pick_best(scores.numpy(), rng)
 
 
 def frozen_policy(model_name, task):

@@ -171,7 +171,8 @@ def reward_model_on_samples(exp, hparams, save_dir, *, seed):
     (those PPO asks it about at the end), each beside the labeler's ceiling (a perfect learner's accuracy). Rank 0
     alone; collective (the query data). Returns {rm_accuracy_<initial|trained>_samples, ..._ceiling}."""
     from lm_human_preferences.labeling.questions import QuestionSource
-    from lm_human_preferences.offline.labels import label_best, labeler_ceiling
+    from lm_human_preferences.offline.labels import labeler_ceiling
+    from lm_human_preferences.labeling.programs import label_best
     task = hparams.task
     label_type = hparams.rewards.train_new_model.labels.type if hparams.rewards.train_new_model else 'best_of_4'
     reward_model = rewards.TrainedRewardModel(final_reward_dir(save_dir, hparams), exp.encoding,

@@ -25,7 +25,6 @@ round's step (also when nothing was interrupted: so a resumed run is the same, b
 
 import contextlib
 import copy
-import importlib
 import json
 import os
 import sys
@@ -36,8 +35,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from lm_human_preferences import label_types
+from lm_human_preferences import label_types, offline_experiments
 from lm_human_preferences.labeling import questions as questions_module
+from lm_human_preferences.labeling.programs import label_best
 from lm_human_preferences.labeling.server import LabelServer, is_loopback
 from lm_human_preferences.labeling.store import LabelStore, SESSION_FILE, parse_labelers
 from lm_human_preferences.rewards import TrainedRewardModel
@@ -45,8 +45,6 @@ from lm_human_preferences.training.run import PRINT_EVERY_S
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import files, hyperparams
 
-# The program labelers (the offline experiments' own): name -> the package whose EXPERIMENT has it.
-PROGRAM_LABELERS = dict(rule='lm_human_preferences.demo', vader='lm_human_preferences.sentiment_mini')
 PEOPLE = 'people'
 QUESTION_BATCH = 16  # questions added at a time when people skip more than the round's reserve
 
@@ -71,9 +69,9 @@ class OnlineHParams(hyperparams.HParams):
         require(hyperparams.nonnegative(self.validation_share) and self.validation_share < 1,
                 prefix + 'validation_share', self.validation_share, 'it must be a number from 0 to under 1')
         if self.retrains:
-            require(self.labeler in (PEOPLE, *PROGRAM_LABELERS), prefix + 'labeler', self.labeler,
+            require(self.labeler in (PEOPLE, *offline_experiments.LABELERS), prefix + 'labeler', self.labeler,
                     f"with {prefix}retrains, name who labels: '{PEOPLE}' (the labeling page), or a program: "
-                    + ', '.join(f"'{k}' ({v.rsplit('.', 1)[1]}'s)" for k, v in PROGRAM_LABELERS.items()))
+                    + ', '.join(f"'{k}' ({v}'s)" for k, v in offline_experiments.LABELERS.items()))
             split_weights(self, prefix=prefix)
             if self.labeler == PEOPLE and not is_loopback(self.host):
                 require(self.labelers is not None, prefix + 'labelers', self.labelers,
@@ -157,11 +155,6 @@ def running(loop):
         loop.stop()
 
 
-def program_labeler(name):
-    """The offline experiment's labeler named `name` (offline/experiment.py's Labeler)."""
-    return importlib.import_module(PROGRAM_LABELERS[name]).EXPERIMENT.labeler
-
-
 class OnlineLoop:
     """The rounds of a train_policy run (see the module's docstring). train_policy calls start() once PPO has
     resumed, then before_step() before each PPO batch. save() saves PPO's state at the current step; restore()
@@ -179,7 +172,7 @@ class OnlineLoop:
         self.dir = os.path.join(hparams.run.save_dir, 'online')
         self.label_type = self.reward_hparams.labels.type
         self.people = self.online.labeler == PEOPLE
-        self.labeler = None if self.people else program_labeler(self.online.labeler)
+        self.labeler = None if self.people else offline_experiments.labeler(self.online.labeler)
         self.server = None
         self.initial = None  # the first training's labels: (train records, held-out records)
 
@@ -324,7 +317,6 @@ class OnlineLoop:
     def _label_by_program(self, k, store):
         """The program's answer to every question of the round (each from the round's seed and the question's
         place alone: a rerun after a kill gives the answers not yet written the same values)."""
-        from lm_human_preferences.offline.labels import label_best  # as the offline experiments' labels
         samples = torch.tensor([[store.questions[q][key] for key in store.sample_keys] for q in store.order])
         best = label_best(self.labeler, samples, self.ppo_trainer.policy.encoder,
                           np.random.RandomState((self.hparams.run.seed or 0) * 1000 + k))

@@ -184,8 +184,9 @@ class RewardModelTrainer():
     @torch.no_grad()
     def stats(self, query_responses):
         """Mean and std of the rewards of every rank's samples (sample_policy_responses' batches)."""
+        # ours: each rank's samples in passes of their own (RankBlocks.passes), the same in every layout
         with self.execution.autocast():
-            rewards = [utils.microbatched(self.reward_model.get_rewards, self.execution.microbatch_size, qs, rs)
+            rewards = [self.ranks.passes(self.reward_model.get_rewards, self.execution.microbatch_size, qs, rs)
                        for qs, rs in query_responses]
         # [ranks, samples per rank], in float64 (ours): E[x^2] - E[x]^2 stays >= 0, the sums do not depend on order
         rewards = torch.cat([self.ranks.view(r) for r in rewards], dim=1).double()

@@ -291,10 +291,14 @@ def mpi_allreduce_sum(values):
         raise TypeError(f'mpi_allreduce_sum takes the list of the values of this process\'s '
                         f'{len(ranks.local_ranks())} ranks, got {type(values).__name__}'
                         + (f' of {len(values)}' if isinstance(values, (list, tuple)) else ''))
+    if _processes_on():  # ours: every rank's value, added in rank order on every process, whatever the layout
+        device = values[0].device if isinstance(values[0], torch.Tensor) else None
+        values = [v if device is None else v.to(device) for v in all_gather_ranks(
+            [v.cpu() if device is not None else v for v in values])]
     total = values[0]
     for v in values[1:]:
         total = total + v
-    return _processes_sum(total)
+    return total
 
 
 def mpi_allreduce_mean(values):

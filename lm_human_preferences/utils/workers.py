@@ -127,6 +127,16 @@ def one_line_warnings():
     warnings.formatwarning = lambda message, category, *args, **kwargs: f'warning: {message}\n'
 
 
+def worker_threads(processes):
+    """The intra-op threads of each of `processes` workers: OMP_NUM_THREADS where it is set (as torch takes it in
+    one process: the same threads in every layout give the products the same rounding), else the cores shared
+    out, at least one each."""
+    given = os.environ.get('OMP_NUM_THREADS', '')
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    return max(1, (os.cpu_count() or 1) // processes)
+
+
 def _worker(local_rank, world_size, port, f, mpi, error_dir):
     _die_with_parent()
     # A process group of its own: a terminal's Ctrl-C reaches the launcher alone, which passes each stop
@@ -137,7 +147,7 @@ def _worker(local_rank, world_size, port, f, mpi, error_dir):
                       LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size))
     # Share the cores between the workers (as torchrun does with OMP_NUM_THREADS): N workers each running
     # torch's default of one thread per core spin-wait against each other, many times slower on a CPU.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    torch.set_num_threads(worker_threads(world_size))
     reuse_freed_memory()
     try:
         run_in_group(f, mpi)

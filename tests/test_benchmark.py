@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite only (the fast tier is -m "not slow")
 
-pytest.importorskip('transformers', reason='the benchmark compares against transformers (the `test` extra)')
+pytest.importorskip('transformers', reason='the benchmark compares against transformers (the `test-full` extra)')
 
 ROOT = Path(__file__).resolve().parents[1]
 

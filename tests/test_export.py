@@ -8,7 +8,7 @@ import torch
 from lm_human_preferences.language import checkpoints, encodings, hf_export, hf_gpt2, model, trained_models
 from lm_human_preferences.policy import Policy
 
-transformers = pytest.importorskip('transformers')  # a test-only dependency (the `test` extra)
+transformers = pytest.importorskip('transformers')  # a test-only dependency (the `test-full` extra)
 
 
 def _random_policy_dir(tmp_path):

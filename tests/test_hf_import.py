@@ -13,7 +13,7 @@ import torch
 from lm_human_preferences.language import checkpoints, encodings, hf_export, hf_import, model, model_sources, trained_models
 from lm_human_preferences.utils import gcs
 
-transformers = pytest.importorskip('transformers')  # the `test` extra
+transformers = pytest.importorskip('transformers')  # the `test-full` extra
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -1,5 +1,8 @@
 """The install (pyproject.toml): a core that trains, samples and exports, TensorFlow and wandb as extras; a
-missing extra is one line naming it. (A plain `pip install -e .` once pulled tensorflow-cpu: 3.1 GB.)"""
+missing extra is one line naming it. (A plain `pip install -e .` once pulled tensorflow-cpu: 3.1 GB.) The Quick
+start's install, the core and [test] (pytest alone), runs its test command, the fast tier: the tests that need
+another extra's package skip without it. (The Quick start once installed the core alone, and its test command
+said `No module named pytest`.)"""
 import re
 import subprocess
 import sys
@@ -22,25 +25,57 @@ def _names(requirements):
     return {re.match(r'[A-Za-z0-9_.-]+', r).group(0).lower().replace('_', '-') for r in requirements}
 
 
+# The module each extra's package installs, where its name is not the package's.
+MODULES = {'tensorflow-cpu': 'tensorflow'}
+
+
+def _other_extras_modules():
+    """The modules of every extra's packages but [test]'s (pytest): what the Quick start does not install."""
+    project = _project()
+    packages = set().union(*(_names(requirements) for extra, requirements in project['optional-dependencies'].items()
+                             if extra != 'test')) - {project['name']}
+    return sorted(MODULES.get(p, p.replace('-', '_')) for p in packages)
+
+
 def test_tensorflow_and_wandb_are_extras_not_the_core():
     project = _project()
     core, optional = _names(project['dependencies']), project['optional-dependencies']
-    assert not core & {'tensorflow', 'tensorflow-cpu', 'wandb', 'pytest', 'transformers'}
+    assert not core & {'tensorflow', 'tensorflow-cpu', 'wandb', 'pytest', 'transformers', 'selenium'}
     assert {'torch', 'numpy', 'tiktoken', 'safetensors', 'huggingface-hub', 'tokenizers'} <= core
     assert _names(optional['tf']) == {'tensorflow-cpu'} and _names(optional['wandb']) == {'wandb'}
-    assert _names(optional['test']) == {'pytest', 'transformers', 'selenium'}
-    assert optional['all'] == ['lm-human-preferences-torch[tf,wandb,test]']
+    assert optional['test'] == ['pytest']  # light: the Quick start installs it
+    assert optional['test-full'] == ['lm-human-preferences-torch[test]', 'transformers', 'selenium']
+    assert optional['all'] == ['lm-human-preferences-torch[tf,wandb,test,test-full]']
+    assert _other_extras_modules() == ['selenium', 'tensorflow', 'transformers', 'wandb']
     assert project['name'] == optional_deps.PACKAGE
 
 
-def test_ci_installs_and_runs_what_the_readme_says():
-    """The README's first command installs the core; CI installs what the README gives for every test ([all])
-    and runs the README's command for every test."""
+def _readme_commands():
     readme = (REPO_ROOT / 'README.md').read_text()
-    commands = [line.split('#')[0].strip() for line in readme.splitlines() if line.startswith(('pip ', 'python -m pytest'))]
-    assert commands[0] == 'pip install -r requirements.txt -e .'  # the core first
+    return [line.split('#')[0].strip() for line in readme.splitlines() if line.startswith(('pip ', 'python -m pytest'))]
+
+
+def test_ci_installs_and_runs_what_the_readme_says():
+    """The README's first command installs the core and pytest, and its first test command is the fast tier; CI
+    installs what the README gives for every test ([all]) and runs the README's command for every test."""
+    commands = _readme_commands()
+    assert commands[:2] == ["pip install -r requirements.txt -e '.[test]'", 'python -m pytest -q -m "not slow" tests']
     ci = [line for line in (REPO_ROOT / '.ci' / 'run').read_text().splitlines() if line.startswith(('pip ', 'python '))]
     assert ci == ["pip install -r requirements.txt -e '.[all]'", 'python -m pytest -q tests'] and set(ci) <= set(commands)
+
+
+@pytest.mark.slow
+def test_the_quick_start_runs_its_tests_without_the_other_extras():
+    """The Quick start's test command, the fast tier, passes with every package of the extras it does not
+    install unimportable (None in sys.modules: `import` raises ImportError, as when not installed): the tests
+    that need one skip."""
+    code = ("import sys\n"
+            f"for m in {_other_extras_modules()!r}: sys.modules[m] = None\n"
+            "import pytest\n"
+            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-m', 'not slow', 'tests']))\n")
+    proc = subprocess.run([sys.executable, '-c', code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert ' passed' in proc.stdout.splitlines()[-1] and ' skipped' in proc.stdout.splitlines()[-1], proc.stdout[-3000:]
 
 
 @pytest.mark.slow

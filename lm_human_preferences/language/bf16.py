@@ -17,6 +17,8 @@ import contextlib
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from lm_human_preferences.utils import cpu
+
 
 def autocast_dtype(device_type):
     """The dtype autocast runs matmuls in on this device type, or None where it is off (fp32 mode)."""
@@ -37,10 +39,10 @@ def attention_dtype(device_type):
 
 
 def native_bf16_cpu():
-    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX). Elsewhere oneDNN emulates it, slower
-    than fp32. The probes are private torch APIs: without them, no."""
-    return any(getattr(torch.cpu, name, lambda: False)() for name in ('_is_avx512_bf16_supported',
-                                                                        '_is_amx_tile_supported'))
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX), as the libraries are allowed to (oneDNN's
+    and ATen's instruction-set limits, LMHP_CPU_BF16=off: utils/cpu.py). Elsewhere oneDNN emulates it, slower
+    than fp32."""
+    return cpu.native_bf16()
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 from lm_human_preferences.language import checkpoints
-from lm_human_preferences.utils import core, files, hyperparams, ranks, stopping
+from lm_human_preferences.utils import core, cpu, files, hyperparams, ranks, stopping
 from lm_human_preferences.training import train_state, plots
 
 SCOPES = dict(train_reward='reward_model', train_policy='policy')
@@ -391,7 +391,7 @@ class Run:
         where = (f'saving to {self.save_dir} (all hparams: {self.kind}_hparams.json)' if self.save_dir
                  else 'no run.save_dir: nothing is saved')
         layout = f'{_count(core.get_world_size(), "rank")} in {_count(ranks.num_processes(), "process")}'
-        print(f'{self.kind}: {layout}; {where}')
+        print(f'{self.kind}: {layout} on {cpu.describe(core.get_device())}; {where}')  # the CPU's kind: its timings
         print('  ' + ', '.join(f'{k}={flat[k]}' for k in keys))
 
     def record_data(self, name, fingerprint, *, source=None):

@@ -55,7 +55,7 @@ class Policy(nn.Module):
         }
 
     @torch.no_grad()
-    def respond(self, queries, length, generator=None, uniforms=None, execution=None):
+    def respond(self, queries, length, generator=None, uniforms=None, execution=None, logprobs=True):
         """Sample `length` response tokens per query: responses [b, length], their logprobs under the
         tempered logits and the values at the positions that predicted them, [b, length] each.
 
@@ -63,7 +63,8 @@ class Policy(nn.Module):
         drawn from generator or the global stream). execution (training/execution.py; default: no split, no
         graph): its microbatch_size K samples at most K rows at a time, each microbatch with its own KV cache
         (every row's tokens come from its own draws, so the samples do not depend on K); with its cuda_graph,
-        on CUDA each decoding step is replayed as a CUDA graph.
+        on CUDA each decoding step is replayed as a CUDA graph. logprobs False: responses and values only (the
+        same responses, without a log-softmax over the vocabulary a token: sample.sample_sequence).
         """
         microbatch_size = None if execution is None else execution.microbatch_size
         cuda_graph = execution is not None and execution.cuda_graph
@@ -97,10 +98,11 @@ class Policy(nn.Module):
                 extra_outputs=('values',),
                 uniforms=uniforms[piece],
                 cuda_graph=cuda_graph,
+                logprobs=logprobs,
             )
             results.append(dict(
                 responses=result['tokens'][:, context_length:],
-                logprobs=result['logprobs'],
+                **({'logprobs': result['logprobs']} if logprobs else {}),
                 values=result['values'],
             ))
         return utils.cat_pieces(results)

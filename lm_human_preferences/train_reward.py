@@ -223,7 +223,7 @@ class RewardModelTrainer():
         queries, uniforms = utils.side_by_side(lambda: sample.queries_and_draws(self.query_sampler()['tokens'], length))
         with self.execution.autocast():
             responses = self.policy.respond(queries=queries, length=length, uniforms=uniforms,
-                                            execution=self.execution)['responses']
+                                            execution=self.execution, logprobs=False)['responses']
         return queries, responses
 
     def sample_policy_responses(self, n_samples):

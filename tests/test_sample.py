@@ -135,6 +135,22 @@ def test_microbatched_sampling_draws_the_same_tokens(demo_shaped_policy, microba
     torch.testing.assert_close(split['values'], whole['values'], atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize('temperature', [1.0, 0.7])
+def test_tokens_only_sampling_draws_the_same_tokens(demo_shaped_policy, temperature):
+    """respond(logprobs=False), for callers that use only the tokens (the labels, the normalization, the report):
+    no 'logprobs', the same responses and values bit for bit, with two microbatches too."""
+    policy = demo_shaped_policy
+    policy.temperature = temperature
+    queries = torch.randint(0, 27, (6, 10))
+    queries[2, 4:] = policy.padding_token
+    for execution in (None, Execution(queries.device, microbatch_size=3)):
+        full = policy.respond(queries, length=12, generator=torch.Generator().manual_seed(7), execution=execution)
+        tokens = policy.respond(queries, length=12, generator=torch.Generator().manual_seed(7), execution=execution,
+                                logprobs=False)
+        assert sorted(full) == ['logprobs', 'responses', 'values'] and sorted(tokens) == ['responses', 'values']
+        assert torch.equal(full['responses'], tokens['responses']) and torch.equal(full['values'], tokens['values'])
+
+
 def _count_host_reads(monkeypatch):
     """Counts the Python-level ways a tensor's value reaches the host (each one waits for the device)."""
     counts = {'n': 0}

@@ -35,7 +35,8 @@ def sample_scores(exp, model_name, task, *, seed):
 
     def rank_scores():
         queries = sampler()['tokens']
-        sampled = policy.respond(queries, task.response_length, generator=rank_generator(seed))['responses']
+        sampled = policy.respond(queries, task.response_length, generator=rank_generator(seed),
+                                 logprobs=False)['responses']
         responses = postprocess(sampled)
         examples = [(encoder.decode(q), encoder.decode(r))
                     for q, r in zip(queries[:REPORT_EXAMPLES].tolist(), responses[:REPORT_EXAMPLES].tolist())]
@@ -65,7 +66,7 @@ def best_of_n_rows(exp, hparams, *, n, queries, seed):
     rankings = dict(reward_model=[], ppo_score=[])
     labeler_scores = []
     for _ in range(n):
-        responses = policy.respond(query_tokens, task.response_length, generator=generator)['responses']
+        responses = policy.respond(query_tokens, task.response_length, generator=generator, logprobs=False)['responses']
         ppo_scores, postprocessed, _ = score_fn(query_tokens, responses)
         rankings['reward_model'].append(reward_model.score_fn(query_tokens, postprocessed).float().cpu())
         rankings['ppo_score'].append(ppo_scores.float().cpu())
@@ -243,7 +244,8 @@ def format_report(exp, report):
         lines.append(f'samples of the {name} policy (query | response):')
         lines.extend(f'  {q} | {r}' for q, r in examples)
     phases = ', '.join(f'{phase} {seconds:.0f}s' for phase, seconds in report.get('phase_times_s', {}).items())
-    lines.append(f"wall time: {report['wall_time_s']:.0f}s" + (f' ({phases})' if phases else ''))
+    lines.append(f"wall time: {report['wall_time_s']:.0f}s" + (f' ({phases})' if phases else '')
+                 + (f" on {report['runs_on']}" if report.get('runs_on') else ''))
     lines.append('=' * 78)
     return '\n'.join(lines)
 

@@ -459,7 +459,8 @@ def sample_from_logits_unchecked(logits, generator=None, uniform=None):
     # Non-finite logits take no part (TF's kernel skips them): as -inf, their weight exp(-inf - max) is 0, as
     # the padding's to whole blocks. A row without a finite logit has max -inf and NaN weights, so its total
     # is not > 0.
-    flat_logits = logits.new_full((rows, blocks * SAMPLE_BLOCK), -math.inf, dtype=torch.float32)
+    flat_logits = logits.new_empty((rows, blocks * SAMPLE_BLOCK), dtype=torch.float32)
+    flat_logits[:, n:] = -math.inf  # the padding only: the logits' part is written next
     torch.nan_to_num(logits.reshape(rows, n).float(), nan=-math.inf, posinf=-math.inf, neginf=-math.inf,
                      out=flat_logits[:, :n])
     max_logit = flat_logits.amax(dim=-1, keepdim=True)  # [rows, 1]

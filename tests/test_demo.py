@@ -15,6 +15,7 @@ import pytest
 
 from lm_human_preferences import demo, label_types, lm_tasks, train_policy
 from lm_human_preferences.offline import experiment
+from lm_human_preferences.utils import cpu
 from lm_human_preferences.offline import report as offline_report
 from lm_human_preferences.language import checkpoints, encodings, model
 
@@ -97,6 +98,9 @@ def test_score_report_gain_in_initial_stds():
     assert report['rule_gain_initial_stds_se'] == pytest.approx(se)
     lines = offline_report.format_report(demo.EXPERIMENT, dict(report, wall_time_s=1)).splitlines()
     assert f"  gain: +{(3.75 - 1.5) / unit:.2f} standard deviations of the initial policy's scores (standard error {se:.2f})" in lines
+    on = 'CPU (1 thread, AVX2 kernels, bf16 not native: ONEDNN_MAX_CPU_ISA=AVX2)'
+    lines = offline_report.format_report(demo.EXPERIMENT, dict(report, wall_time_s=1, runs_on=on)).splitlines()
+    assert f'wall time: 1s on {on}' in lines
 
 
 @pytest.mark.slow  # end to end: the full suite only (the fast tier is -m "not slow")
@@ -138,6 +142,8 @@ def test_short_demo_learns(tmp_path, short_demo, capsys):
     assert report['kl_target'] == 4.0 and report['ppo_batches'] == 30 and report['kl'] > 0
     assert list(report['phase_times_s']) == ['initial model', 'labels', 'train_reward', 'train_policy', 'report samples']
     assert sum(report['phase_times_s'].values()) <= report['wall_time_s']
+    if not torch.cuda.is_available():  # what it ran on: the demo's one thread, this CPU's kernels and bf16
+        assert report['runs_on'] == 'CPU (1 thread, ' + cpu.describe('cpu').split(', ', 1)[1]
 
     # The learning curves were plotted at the end of both trainers, and all of them in the demo's figure.
     for png in ('train_reward_curves.png', 'train_policy_curves.png', 'demo_curves.png'):

@@ -36,7 +36,7 @@ from lm_human_preferences.offline.labels import (bag_of_words_accuracy, cache_pa
                                                  make_labels)
 from lm_human_preferences.offline.pretrain import PretrainHParams, ensure_pretrained
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import files
+from lm_human_preferences.utils import cpu, files
 
 
 @dataclass(frozen=True)
@@ -239,10 +239,16 @@ def _train_reward(exp, hparams):
         train_reward_module.train(hparams)
     num_responses = label_types.get(hparams.labels.type).num_responses
     report = dict(seed=hparams.run.seed, **reward_report(save_dir, references=references, num_responses=num_responses),
-                  phase_times_s=phases.seconds(), wall_time_s=time.time() - phases.started)
+                  phase_times_s=phases.seconds(), wall_time_s=time.time() - phases.started, runs_on=_runs_on())
     use_it = (f'use it:     python launch.py train_policy {exp.name} NAME --rewards.trained_model '
               f'{os.path.join(save_dir, "reward_model")} --rewards.train_new_model off')
     return finish(exp, report, save_dir, [use_it])
+
+
+def _runs_on():
+    """What the experiment ran on (utils/cpu.py), for its report: its wall time, and on a CPU its rounding, depend on
+    it."""
+    return cpu.describe(utils.get_device())
 
 
 def _last_write(directory):
@@ -286,7 +292,7 @@ def _train_policy(exp, hparams):
         num_responses = label_types.get(reward_hparams.labels.type).num_responses
         report.update(reward_report(save_dir, references=references, num_responses=num_responses))
     report.update(examples=dict(initial=before_examples, trained=after_examples),
-                  phase_times_s=phases.seconds(), wall_time_s=time.time() - phases.started)
+                  phase_times_s=phases.seconds(), wall_time_s=time.time() - phases.started, runs_on=_runs_on())
     return finish(exp, report, save_dir, [f'samples:    python sample.py sample --save_dir {save_dir} --nsamples 8',
                                           f'export:     python sample.py export --save_dir {save_dir} --out HF_DIR',
                                           f'best-of-n:  python sample.py best_of_n --save_dir {save_dir}'])

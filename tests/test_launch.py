@@ -487,3 +487,17 @@ def test_reuse_freed_memory(user_setting):
         assert kept_mb > 60, f'only {kept_mb:.0f} MiB of a freed 64 MiB tensor stayed mapped'
     else:
         assert kept_mb < 4, f'{kept_mb:.0f} MiB stayed mapped with glibc defaults'
+
+
+def test_workers_keep_a_given_omp_num_threads(monkeypatch):
+    """The same threads in every layout give the same kernels' rounding (tests/test_ranks.py): a given
+    OMP_NUM_THREADS is every worker's, as it is one process's; unset (or not a positive number), the cores are
+    shared out."""
+    monkeypatch.setenv('OMP_NUM_THREADS', '3')
+    assert launch.worker_threads(4) == 3
+    cores = os.cpu_count() or 1
+    for value in ('', '0', 'x'):
+        monkeypatch.setenv('OMP_NUM_THREADS', value)
+        assert launch.worker_threads(2) == max(1, cores // 2)
+    monkeypatch.delenv('OMP_NUM_THREADS')
+    assert launch.worker_threads(cores * 2) == 1

@@ -57,7 +57,7 @@ def start_label_named(save_dir, name, *args):
 
 
 def browser():
-    webdriver = pytest.importorskip('selenium.webdriver', reason='needs selenium (the [test] extra)')
+    webdriver = pytest.importorskip('selenium.webdriver', reason='needs selenium (the [test-full] extra)')
     from selenium.webdriver.chrome.service import Service
     if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
         pytest.skip("needs Debian's chromium and chromium-driver (apt install chromium chromium-driver: .ci/run does)")

@@ -183,8 +183,7 @@ class RewardModelTrainer():
 
     @torch.no_grad()
     def stats(self, query_responses):
-        """Mean and std of the rewards of every rank's samples (sample_policy_responses' batches)."""
-        # ours: each rank's samples in passes of their own (RankBlocks.passes), the same in every layout
+        """Mean and std of the rewards of every rank's samples, scored rank by rank (ours: RankBlocks.passes)."""
         with self.execution.autocast():
             rewards = [self.ranks.passes(self.reward_model.get_rewards, self.execution.microbatch_size, qs, rs)
                        for qs, rs in query_responses]

@@ -494,10 +494,10 @@ def test_workers_keep_a_given_omp_num_threads(monkeypatch):
     OMP_NUM_THREADS is every worker's, as it is one process's; unset (or not a positive number), the cores are
     shared out."""
     monkeypatch.setenv('OMP_NUM_THREADS', '3')
-    assert launch.worker_threads(4) == 3
+    assert workers.worker_threads(4) == 3
     cores = os.cpu_count() or 1
     for value in ('', '0', 'x'):
         monkeypatch.setenv('OMP_NUM_THREADS', value)
-        assert launch.worker_threads(2) == max(1, cores // 2)
+        assert workers.worker_threads(2) == max(1, cores // 2)
     monkeypatch.delenv('OMP_NUM_THREADS')
-    assert launch.worker_threads(cores * 2) == 1
+    assert workers.worker_threads(cores * 2) == 1

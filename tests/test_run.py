@@ -396,6 +396,7 @@ def signal_during_step(monkeypatch, step, *signums):
 
 
 def test_a_stop_waits_for_the_step_and_a_second_ctrl_c_does_not(tmp_path, monkeypatch, capsys):
+    sigint_before = signal.getsignal(signal.SIGINT)  # Python's handler; SIG_IGN where the shell started us in the background
     save_dir = tmp_path / 'run'
     state_dir = save_dir / 'policy' / 'train_state'
     signal_during_step(monkeypatch, 2, signal.SIGTERM, signal.SIGTERM)  # the scheduler's, and the launcher's
@@ -411,7 +412,7 @@ def test_a_stop_waits_for_the_step_and_a_second_ctrl_c_does_not(tmp_path, monkey
     assert train_state.train_state_steps(save_dir / 'policy') == [3]
     assert capsys.readouterr().err == (f'\ntrain_policy stopped by Ctrl-C (SIGINT) during step 4 (not saved); '
                                        f'rerunning the same command resumes from step 3 ({state_dir}/state-3.json)\n')
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handlers are given back
+    assert signal.getsignal(signal.SIGINT) is sigint_before  # the handlers are given back
 
 
 def test_a_stop_outside_the_training_loop_is_one_line(tmp_path, monkeypatch, capsys):

@@ -6,7 +6,6 @@ the rest and never asks a labeler the same question twice."""
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess

@@ -28,8 +28,9 @@ def _no_limits(monkeypatch):
 
 
 def bf16_products_dtype():
-    """The miniature's pretraining products' dtype here (it asks for bf16 products)."""
-    return pretrain.pretraining_products_dtype(dataclasses.replace(sentiment_mini.EXPERIMENT.pretrain, seed=1))
+    """The dtype here of the miniature's pretraining products, were it to ask for bf16 products."""
+    asked = dataclasses.replace(sentiment_mini.EXPERIMENT.pretrain, seed=1, bf16_products=True)
+    return pretrain.pretraining_products_dtype(asked)
 
 
 @pytest.mark.skipif(not CHIP_BF16 or not cpu.kernels().startswith('AVX512'),

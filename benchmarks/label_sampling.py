@@ -1,8 +1,9 @@
 """The sentiment miniature's label-making batch on a CPU: 4 x Policy.respond of 128 queries of 8 tokens, 16 new
 tokens each, at temperature 0.7, on its model's shape (2 layers, width 128, GPT-2's 50,257-token vocabulary; random
-weights), the way offline/labels.py samples them (responses only, logprobs=False, where the checkout has it), with
-the miniature's 2 threads. Prints the seconds a batch (the best of --repeats) and a sha256 of the tokens, which must
-be the same for every checkout and setting on one CPU.
+weights), the way offline/labels.py samples them (responses only, logprobs=False, and the chunked vocabulary of
+language/vocab_sampling.py, where the checkout has them), with the miniature's 2 threads. Prints the seconds a batch
+(the best of --repeats) and a sha256 of the tokens, which must be the same for every run of one checkout on one CPU
+(the chunked sampler draws the same distribution as the plain one, with other rounding: other tokens).
 
     python benchmarks/label_sampling.py [--repo DIR] [--repeats 3]
     # before / after, alternating in one slot: run it with --repo OLD_CHECKOUT and without, in turns
@@ -37,12 +38,15 @@ with tempfile.TemporaryDirectory() as d:
     policy = Policy(trained_models.TrainedModel(d), embed_queries=lambda q: q, temperature=0.7)
 policy.requires_grad_(False)
 tokens_only = 'logprobs' in inspect.signature(policy.respond).parameters
+chunked = 'chunked_vocab' in inspect.signature(policy.respond).parameters
 queries = torch.randint(0, encodings.Main.n_vocab, (128, 8), generator=torch.Generator().manual_seed(1))
 
 
 def batch():
     generator = torch.Generator().manual_seed(0)
     kwargs = dict(logprobs=False) if tokens_only else {}
+    if chunked:
+        kwargs['chunked_vocab'] = True
     return torch.cat([policy.respond(queries, 16, generator=generator, **kwargs)['responses'] for _ in range(4)])
 
 
@@ -54,5 +58,5 @@ for _ in range(args.repeats):
     times.append(time.perf_counter() - start)
 digest = hashlib.sha256(out.numpy().tobytes()).hexdigest()[:16]
 print(f'label batch: {min(times):.3f} s (best of {args.repeats}; {args.threads} threads; '
-      f'{"tokens only" if tokens_only else "with logprobs"}; kernels {torch.backends.cpu.get_cpu_capability()}); '
+      f'{"tokens only" if tokens_only else "with logprobs"}{", chunked vocabulary" if chunked else ""}; kernels {torch.backends.cpu.get_cpu_capability()}); '
       f'tokens sha256 {digest}; repo {os.path.abspath(args.repo)}')

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from lm_human_preferences import lm_tasks
-from lm_human_preferences.language import bf16, model, sample
+from lm_human_preferences.language import bf16, model, sample, vocab_sampling
 from lm_human_preferences.utils import core as utils
 
 
@@ -43,9 +43,13 @@ class Policy(nn.Module):
         return self.encoder
 
     def step_core(self, model_hparams, tokens, past=None, output_positions=slice(None), return_present=True,
-                  room=0, check_inputs=True):
+                  room=0, check_inputs=True, lm_logits=True):
         lm_output = self.model(tokens, past=past, padding_token=self.padding_token, output_positions=output_positions,
-                               return_present=return_present, room=room, check_inputs=check_inputs)
+                               return_present=return_present, room=room, check_inputs=check_inputs,
+                               lm_logits=lm_logits)
+        if not lm_logits:
+            # Ours: the final hidden states in place of the logits, for the chunked sampler (respond).
+            return {'h': lm_output['h'], 'values': lm_output['value'], 'presents': lm_output.get('present')}
         # need to slice logits since we don't want to generate special tokens
         logits = lm_output['lm_logits'][:, :, :self.model_hparams.n_vocab]
         return {
@@ -55,7 +59,8 @@ class Policy(nn.Module):
         }
 
     @torch.no_grad()
-    def respond(self, queries, length, generator=None, uniforms=None, execution=None, logprobs=True):
+    def respond(self, queries, length, generator=None, uniforms=None, execution=None, logprobs=True,
+                chunked_vocab=False):
         """Sample `length` response tokens per query: responses [b, length], their logprobs under the
         tempered logits and the values at the positions that predicted them, [b, length] each.
 
@@ -65,6 +70,10 @@ class Policy(nn.Module):
         (every row's tokens come from its own draws, so the samples do not depend on K); with its cuda_graph,
         on CUDA each decoding step is replayed as a CUDA graph. logprobs False: responses and values only (the
         same responses, without a log-softmax over the vocabulary a token: sample.sample_sequence).
+        chunked_vocab (ours): on a CPU, each token drawn from the final hidden state a chunk of the vocabulary at a
+        time, at the CPU's fast fp32 precision (language/vocab_sampling.py: the same distribution, other
+        rounding); our own callers ask for it (the offline labels, the questions, the reports), and bf16 mode
+        uses it on a CPU. fp32 mode's trainers sample as the original.
         """
         microbatch_size = None if execution is None else execution.microbatch_size
         cuda_graph = execution is not None and execution.cuda_graph
@@ -81,11 +90,15 @@ class Policy(nn.Module):
                 raise ValueError(f'{context_length + length - 1} tokens need positions beyond n_ctx = '
                                  f'{self.model_hparams.n_ctx}')
 
+        chunked = (chunked_vocab or bf16.autocast_dtype(contexts.device.type) is not None) and \
+            vocab_sampling.chunked_on(contexts.device)
+        vocab = self.model.wte[:self.model_hparams.n_vocab] if chunked else None
+
         def step(model_hparams, tokens, past=None):
             # Sampling reads only the last position's logits and value (of the whole context first); the
             # context's KV cache keeps room for every token sampled after it.
             return self.step_core(model_hparams, tokens, past=past, output_positions=slice(-1, None),
-                                  room=length - 1, check_inputs=past is None)
+                                  room=length - 1, check_inputs=past is None, lm_logits=vocab is None)
 
         results = []
         for piece in utils.microbatches(len(contexts), microbatch_size):
@@ -99,6 +112,7 @@ class Policy(nn.Module):
                 uniforms=uniforms[piece],
                 cuda_graph=cuda_graph,
                 logprobs=logprobs,
+                vocab=vocab,
             )
             results.append(dict(
                 responses=result['tokens'][:, context_length:],

@@ -145,31 +145,32 @@ def test_the_vocab_projection_and_its_backward_run_at_the_fast_precision():
 
 
 def test_sampling_projects_its_logits_at_the_fast_precision(monkeypatch):
-    """bf16 mode's sampling reaches the fast n_vocab projection through the model, as the loss does: the context
-    step and each decoding step of a rollout are one _FastLinear each, fp32 in and out (the model's outputs run
-    with autocast off, so the projection must not ask autocast whether bf16 mode is on there). fp32 mode's
-    sampling reaches none."""
+    """bf16 mode's sampling on a CPU draws from the hidden states by the chunked sampler (language/vocab_sampling.py),
+    whose n_vocab products run at the fast fp32 precision with autocast off (fp32 in and out): the context step
+    (its last position) and each decoding step are one such product, and no _FastLinear (the loss's projection)
+    runs. fp32 mode's sampling reaches neither: its logits are the model's, at fp32's own precision."""
     fast_linear, calls = bf16._FastLinear, []
 
     class CountedFastLinear(fast_linear):
         @staticmethod
         def forward(ctx, h, w):
-            out = fast_linear.forward(ctx, h, w)
-            calls.append((tuple(h.shape), h.dtype, w.dtype, out.dtype))
-            return out
+            calls.append(tuple(h.shape))
+            return fast_linear.forward(ctx, h, w)
     monkeypatch.setattr(bf16, '_FastLinear', CountedFastLinear)
     policy, queries, _ = policy_and_tokens(rows=6, context=5)
     with Ops() as ops, bf16_autocast():
         rollout = policy.respond(queries, length=4)
-    # the context step (its last position) and 3 decoding steps: the 4th token is sampled, never fed back
-    assert calls == [((6, 32), torch.float32, torch.float32, torch.float32)] * 4, calls
-    assert rollout['logprobs'].dtype == torch.float32
-    if bf16._fast_fp32_precision('cpu') is not None:  # and oneDNN ran them in its bf16 mode
-        products = [op for op in ops.named('mm') if op[1][0][1] == (6, 300)]
-        assert len(products) == 4 and all(op[3] == 'bf16' for op in products), products
-    calls.clear()
-    policy.respond(queries, length=4)
-    assert calls == []
+    assert calls == [] and rollout['logprobs'].dtype == torch.float32
+    # the context step and 3 decoding steps: the 4th token is sampled, never fed back
+    products = [op for op in ops.named('mm') if op[1][0][1] == (6, 300)]
+    assert len(products) == 4 and all(op[2] == [(torch.float32, (6, 32)), (torch.float32, (32, 300))]
+                                      for op in products), products
+    fast = 'bf16' if bf16._fast_fp32_precision('cpu') is not None else 'ieee'
+    assert all(op[3] in (fast, None) for op in products), products
+    with Ops() as ops:
+        policy.respond(queries, length=4)
+    fp32_products = [op for op in ops.named('mm') if op[1][0][1] == (6, 300)]
+    assert calls == [] and len(fp32_products) == 4 and all(op[3] in ('ieee', None) for op in fp32_products)
 
 
 def test_a_weight_given_new_storage_is_cast_again():

@@ -151,6 +151,21 @@ def test_tokens_only_sampling_draws_the_same_tokens(demo_shaped_policy, temperat
         assert torch.equal(full['responses'], tokens['responses']) and torch.equal(full['values'], tokens['values'])
 
 
+def test_respond_chunked_vocab_draws_the_plain_responses_with_fp32_products(demo_shaped_policy, monkeypatch):
+    """Policy.respond(chunked_vocab=True) with fp32 products: the plain sampler's responses and values (27 tokens:
+    one chunk, one partial block), and its logprobs to float rounding."""
+    monkeypatch.setenv('LMHP_CPU_BF16', 'off')
+    policy = demo_shaped_policy
+    policy.temperature = 0.7
+    queries = torch.randint(0, 27, (6, 10), generator=torch.Generator().manual_seed(5))
+    queries[2, 4:] = policy.padding_token
+    plain = policy.respond(queries, length=12, generator=torch.Generator().manual_seed(7))
+    chunked = policy.respond(queries, length=12, generator=torch.Generator().manual_seed(7), chunked_vocab=True)
+    assert torch.equal(plain['responses'], chunked['responses'])
+    torch.testing.assert_close(chunked['values'], plain['values'])
+    torch.testing.assert_close(chunked['logprobs'], plain['logprobs'], atol=1e-5, rtol=1e-5)
+
+
 def _count_host_reads(monkeypatch):
     """Counts the Python-level ways a tensor's value reaches the host (each one waits for the device)."""
     counts = {'n': 0}

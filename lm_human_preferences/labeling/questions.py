@@ -53,7 +53,7 @@ def sample_responses(policy, queries, count, *, length, generator, postprocess, 
     times in all."""
     def draw(rows):
         return postprocess(policy.respond(rows, length, generator=generator, execution=execution,
-                                          logprobs=False)['responses'])  # the tokens only
+                                          logprobs=False, chunked_vocab=True)['responses'])  # the tokens only
     samples = torch.stack([draw(queries) for _ in range(count)], dim=1)  # [b, count, length]
     if passes is None:
         return samples, torch.ones(len(queries), dtype=torch.bool, device=queries.device)

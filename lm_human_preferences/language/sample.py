@@ -2,6 +2,7 @@
 
 import torch
 
+from lm_human_preferences.language import vocab_sampling
 from lm_human_preferences.utils import core as utils
 
 
@@ -25,7 +26,7 @@ def queries_and_draws(queries, length):
 
 @torch.no_grad()
 def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_k=0, top_p=1.0,
-                    extra_outputs=(), generator=None, uniforms=None, cuda_graph=False, logprobs=True):
+                    extra_outputs=(), generator=None, uniforms=None, cuda_graph=False, logprobs=True, vocab=None):
     """Sampling from an autoregressive sequence model.
 
     Inputs:
@@ -40,6 +41,10 @@ def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_
             from `generator` (a torch.Generator, or the global stream) before the loop.
         logprobs: ours; False: no 'logprobs' (a log-softmax over the vocabulary every step, 15 % of a small
             model's sampling step on a CPU) where only the tokens are used; the same tokens.
+        vocab: ours, the output embedding w [n_vocab, e] or None: step returns 'h' (the final hidden states
+            [b, s, e]) in place of 'logits', and each token is drawn from h @ w.T by
+            vocab_sampling.sample_from_hidden (the logits never written whole: the same distribution, other
+            rounding; no top_k / top_p).
         cuda_graph: ours, on CUDA: one decoding step captured as a CUDA graph and replayed for each later
             token (the original's tf.while_loop was a graph too); step must then extend `past` in place and
             return tensors of the same shapes each call (Policy.respond's step does).
@@ -52,12 +57,14 @@ def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_
         uniforms = draw_uniforms(len(context), length, generator=generator, device=context.device)
 
     beta = 1 / max(temperature, 1e-10)
+    if vocab is not None and (top_k != 0 or top_p != 1.0):
+        raise ValueError('sample_sequence: vocab (the chunked sampler) takes no top_k / top_p')
 
     # First step: the whole context, whose last position samples the first token; then the loop's variables.
     context_output = step(model_hparams, context)
     want_logprobs = logprobs
     responses, logprobs, extras, has_finite = _first_token(context_output, uniforms, beta, length, extra_outputs,
-                                                           want_logprobs)
+                                                           want_logprobs, vocab)
     prev = responses[:, :1].clone()  # [b, 1]
     past = context_output['presents']
     index = torch.ones(1, dtype=torch.long, device=context.device)
@@ -65,16 +72,21 @@ def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_
     def body():
         nonlocal past
         next_outputs = step(model_hparams, prev, past=past)
-        logits = next_outputs['logits'].float() * beta  # [b, 1, n_vocab]
-        if top_k != 0:
-            logits = utils.take_top_k_logits(logits, top_k)
-        if top_p != 1.0:
-            logits = utils.take_top_p_logits(logits, top_p)
-        next_sample, next_has_finite = utils.sample_from_logits_unchecked(
-            logits, uniform=uniforms.index_select(1, index))  # [b, 1]
+        if vocab is not None:
+            next_sample, next_has_finite, next_logprob = _sample_from_hidden(
+                next_outputs['h'][:, 0], vocab, uniforms.index_select(1, index), beta, want_logprobs)  # [b, 1]
+        else:
+            logits = next_outputs['logits'].float() * beta  # [b, 1, n_vocab]
+            if top_k != 0:
+                logits = utils.take_top_k_logits(logits, top_k)
+            if top_p != 1.0:
+                logits = utils.take_top_p_logits(logits, top_p)
+            next_sample, next_has_finite = utils.sample_from_logits_unchecked(
+                logits, uniform=uniforms.index_select(1, index))  # [b, 1]
+            if want_logprobs:
+                next_logprob = utils.logprobs_from_logits(logits=logits, labels=next_sample)  # [b, 1]
         has_finite.logical_and_(next_has_finite[:, 0])
         if want_logprobs:
-            next_logprob = utils.logprobs_from_logits(logits=logits, labels=next_sample)  # [b, 1]
             logprobs.index_copy_(1, index, next_logprob)
         past = next_outputs['presents']
         prev.copy_(next_sample)
@@ -92,22 +104,37 @@ def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_
                 **(dict(logprobs=logprobs) if want_logprobs else {}))
 
 
-def _first_token(context_output, uniforms, beta, length, extra_outputs, want_logprobs=True):
+def _sample_from_hidden(h, vocab, uniform, beta, want_logprobs):
+    """sample_sequence's draw of one token a row [b, 1] from the final hidden states h [b, e] (its `vocab`):
+    (samples, has_finite, logprobs or None), each [b, 1]."""
+    samples, has_finite, logprobs = vocab_sampling.sample_from_hidden(h, vocab, uniform, beta=beta,
+                                                                      logprobs=want_logprobs)
+    return samples[:, None], has_finite[:, None], None if logprobs is None else logprobs[:, None]
+
+
+def _first_token(context_output, uniforms, beta, length, extra_outputs, want_logprobs=True, vocab=None):
     """The first sampled token from the context's last logits, and the loop's variables (the original's
     while_loop variables) with it in column 0: responses and logprobs [b, length], one [b, length] per extra
     output, and has_finite [b]. They have fixed shapes and are written in place (the original concatenated onto
     them every step)."""
-    logits = beta * context_output['logits'][:, -1].float()  # [b, n_vocab]
     # As the original, top_k / top_p are not applied to the first sampled token.
     # Ours: nothing in the loop reads a value on the host, so the device never waits for it; whether
     # every row had a finite logit at every step is checked once, after the loop.
-    first, has_finite = utils.sample_from_logits_unchecked(logits, uniform=uniforms[:, 0])  # [b]
+    if vocab is not None:
+        first, has_finite, first_logprobs = _sample_from_hidden(context_output['h'][:, -1], vocab, uniforms[:, 0],
+                                                                beta, want_logprobs)
+        first, has_finite = first[:, 0], has_finite[:, 0]
+    else:
+        logits = beta * context_output['logits'][:, -1].float()  # [b, n_vocab]
+        first, has_finite = utils.sample_from_logits_unchecked(logits, uniform=uniforms[:, 0])  # [b]
+        if want_logprobs:
+            first_logprobs = utils.logprobs_from_logits(logits=logits, labels=first)
     responses = first.new_empty(len(first), length)
     responses[:, 0] = first
     logprobs = None
     if want_logprobs:
-        logprobs = logits.new_empty(len(first), length)
-        logprobs[:, 0] = utils.logprobs_from_logits(logits=logits, labels=first)
+        logprobs = uniforms.new_empty(len(first), length, dtype=torch.float32)
+        logprobs[:, 0] = first_logprobs.reshape(-1)
     extras = {}
     for k in extra_outputs:
         extras[k] = context_output[k].new_empty(len(first), length)

@@ -18,7 +18,7 @@ from lm_human_preferences import label_types, lm_tasks
 from lm_human_preferences import train_reward as train_reward_module
 from lm_human_preferences.labeling.programs import label_best
 from lm_human_preferences.labeling.questions import sample_responses
-from lm_human_preferences.language import trained_models
+from lm_human_preferences.language import trained_models, vocab_sampling
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.training import memory, reward_evaluation
 from lm_human_preferences.training.execution import Execution
@@ -102,6 +102,8 @@ def labels_key(exp, hparams: train_reward_module.HParams, *, num_labels, seed):
                 initial_model=files.sha256_file(checkpoint) if checkpoint else model.name,
                 queries=queries.fingerprint, task=settings, label_type=hparams.labels.type,
                 rollout_batch_size=hparams.rollout_batch_size, bf16=hparams.run.use_bf16(),
+                sampler=(f'chunked, {vocab_sampling.products_precision()} precision'
+                         if vocab_sampling.chunked_on(utils.get_device()) else 'plain'),
                 ranks=utils.get_world_size(), seed=seed, num_labels=num_labels)
 
 

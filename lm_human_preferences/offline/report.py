@@ -36,7 +36,7 @@ def sample_scores(exp, model_name, task, *, seed):
     def rank_scores():
         queries = sampler()['tokens']
         sampled = policy.respond(queries, task.response_length, generator=rank_generator(seed),
-                                 logprobs=False)['responses']
+                                 logprobs=False, chunked_vocab=True)['responses']
         responses = postprocess(sampled)
         examples = [(encoder.decode(q), encoder.decode(r))
                     for q, r in zip(queries[:REPORT_EXAMPLES].tolist(), responses[:REPORT_EXAMPLES].tolist())]
@@ -66,7 +66,8 @@ def best_of_n_rows(exp, hparams, *, n, queries, seed):
     rankings = dict(reward_model=[], ppo_score=[])
     labeler_scores = []
     for _ in range(n):
-        responses = policy.respond(query_tokens, task.response_length, generator=generator, logprobs=False)['responses']
+        responses = policy.respond(query_tokens, task.response_length, generator=generator, logprobs=False,
+                                   chunked_vocab=True)['responses']
         ppo_scores, postprocessed, _ = score_fn(query_tokens, responses)
         rankings['reward_model'].append(reward_model.score_fn(query_tokens, postprocessed).float().cpu())
         rankings['ppo_score'].append(ppo_scores.float().cpu())

@@ -109,7 +109,7 @@ def test_short_demo_learns(tmp_path, short_demo, capsys):
     save_dir = tmp_path / 'short'
     out = capsys.readouterr().out
     # progress lines while it makes its labels (1280 labels, 128 queries a batch: 10 batches)
-    assert re.search(r'\[demo labels: batch 1/10 done, [\d.]+ s/step, ETA \d+s\]', out), out[:3000]
+    assert re.search(r'\[demo labels: batch 1/10 done, [\d.]+ s/step, ETA (\d+h)?(\d+m)?\d+s\]', out), out[:3000]
     assert re.search(r'\[demo labels: batch 10/10 done, [\d.]+ s/step, ETA 0s\]', out), out[:3000]
     # which initial model it uses: said once
     assert len(re.findall(r'^demo: (pretraining the|using the pretrained) initial model', out, re.M)) == 1, out[:3000]

@@ -62,3 +62,28 @@ def forward_rows(monkeypatch):
         return forward(self, X, *args, **kwargs)
     monkeypatch.setattr(model.Model, 'forward', counting)
     return rows
+
+
+CHROMIUM, CHROMEDRIVER = '/usr/bin/chromium', '/usr/bin/chromedriver'
+
+
+def headless_chromium(window_size='1100,900'):
+    """Debian's chromium driven by Selenium (nothing downloaded); skips where either is missing."""
+    webdriver = pytest.importorskip('selenium.webdriver', reason='needs selenium (the [test-full] extra)')
+    from selenium.webdriver.chrome.service import Service
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        pytest.skip("needs Debian's chromium and chromium-driver (apt install chromium chromium-driver: .ci/run does)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ('--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
+                 '--disable-component-update', '--disable-sync', '--no-first-run', f'--window-size={window_size}'):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+@pytest.fixture
+def chromium():
+    """A headless Chromium for one test, quit after it."""
+    driver = headless_chromium()
+    yield driver
+    driver.quit()

@@ -23,7 +23,7 @@ from lm_human_preferences.training.execution import Execution
 from lm_human_preferences.training.run import Progress, Run
 from lm_human_preferences.training.side_by_side import RankBlocks
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import hyperparams
+from lm_human_preferences.utils import finite, hyperparams
 
 
 @dataclass
@@ -336,7 +336,7 @@ class PPOTrainer:
         ref_logprobs = ref_logprobs.float()
         scores = scores.float()
         score_stats = {k: v.float() for k, v in score_stats.items()}
-        utils.check_finite(self.global_step, scores=scores)  # ours: a broken reward model stops here
+        finite.check_finite(self.global_step, scores=scores)  # ours: a broken reward model stops here
 
         rewards, non_score_reward = compute_rewards(
             scores=scores, logprobs=logprobs, ref_logprobs=ref_logprobs, kl_coef=kl_coef)
@@ -389,8 +389,8 @@ class PPOTrainer:
         # The gradients' mean over ranks (the original's allreduce in `minimize`); no gradient clipping.
         utils.mpi_allreduce_mean_grads(self.policy.parameters())
         # Ours: stop before a non-finite update is applied (and so before it could be saved).
-        utils.check_finite(self.global_step, **utils.per_rank('loss', stats['loss/total']),
-                           grad_norm=utils.grad_norm(self.policy.parameters()))
+        finite.check_finite(self.global_step, **finite.per_rank('loss', stats['loss/total']),
+                           grad_norm=finite.grad_norm(self.policy.parameters()))
         self.optimizer.step()
         return stats
 

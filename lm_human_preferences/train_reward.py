@@ -18,7 +18,7 @@ from lm_human_preferences.training.execution import Execution, PortRunHParams
 from lm_human_preferences.training.run import Progress, Run
 from lm_human_preferences.training.side_by_side import RankBlocks, RankGradients
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import hyperparams
+from lm_human_preferences.utils import finite, hyperparams
 
 
 @dataclass
@@ -160,8 +160,8 @@ class RewardModelTrainer():
         stats = reward_loss.loss(self, labels, train=True, ranks=len(indices))[0]  # the label type's loss, by rank
         self.rank_gradients.mean_into_grads()  # the original's gradient all-reduce (mean over ranks)
         # Ours: stop before a non-finite update is applied (and so before it could be saved).
-        utils.check_finite(self.global_step, **utils.per_rank('loss', stats['loss']),
-                           grad_norm=utils.grad_norm(self.reward_model.parameters()))
+        finite.check_finite(self.global_step, **finite.per_rank('loss', stats['loss']),
+                           grad_norm=finite.grad_norm(self.reward_model.parameters()))
         self.optimizer.step()
 
         step = self.global_step
@@ -211,7 +211,7 @@ class RewardModelTrainer():
             print(f'targets: {_mean_std(new_mean, new_std)}')
             print(f'before normalize: {_mean_std(mean, std)}')
         # The original asserted np.isfinite; this error names the statistic.
-        utils.check_finite(self.global_step, reward_mean=mean, reward_std=std,
+        finite.check_finite(self.global_step, reward_mean=mean, reward_std=std,
                            target_mean=new_mean, target_std=new_std)
         self.reward_model.set_reward_norm(old_mean=mean, old_std=std, new_mean=new_mean, new_std=new_std)
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from lm_human_preferences.utils import core as utils
+from lm_human_preferences.utils import finite
 from lm_human_preferences.utils import ranks
 from lm_human_preferences.training import adam
 
@@ -492,15 +493,15 @@ def test_autocast():
 
 
 def test_check_finite():
-    utils.check_finite(3, loss=torch.tensor(1.0), rewards=torch.randn(5), grad_norm=2.0)
-    with pytest.raises(utils.NonFiniteError, match=r'^non-finite loss at step 7: nan;'):
-        utils.check_finite(7, loss=torch.tensor(float('nan')))
-    with pytest.raises(utils.NonFiniteError, match=r'non-finite rewards at step 2: non-finite \(1 of 3 values, e.g. -inf\)'):
-        utils.check_finite(2, loss=1.0, rewards=torch.tensor([0.0, -float('inf'), 1.0]))
+    finite.check_finite(3, loss=torch.tensor(1.0), rewards=torch.randn(5), grad_norm=2.0)
+    with pytest.raises(finite.NonFiniteError, match=r'^non-finite loss at step 7: nan;'):
+        finite.check_finite(7, loss=torch.tensor(float('nan')))
+    with pytest.raises(finite.NonFiniteError, match=r'non-finite rewards at step 2: non-finite \(1 of 3 values, e.g. -inf\)'):
+        finite.check_finite(2, loss=1.0, rewards=torch.tensor([0.0, -float('inf'), 1.0]))
     net = torch.nn.Linear(2, 1)
     net(torch.tensor([[1.0, float('inf')]])).sum().backward()
-    with pytest.raises(utils.NonFiniteError, match='non-finite grad_norm at step 0'):
-        utils.check_finite(0, grad_norm=utils.grad_norm(net.parameters()))
+    with pytest.raises(finite.NonFiniteError, match='non-finite grad_norm at step 0'):
+        finite.check_finite(0, grad_norm=finite.grad_norm(net.parameters()))
     net.zero_grad()
     net(torch.tensor([[3.0, 4.0]])).sum().backward()
-    assert utils.grad_norm(net.parameters()).item() == pytest.approx((9 + 16 + 1) ** 0.5)
+    assert finite.grad_norm(net.parameters()).item() == pytest.approx((9 + 16 + 1) ** 0.5)

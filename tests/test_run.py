@@ -16,7 +16,7 @@ import torch
 from lm_human_preferences import train_policy, train_reward
 from lm_human_preferences.language import checkpoints
 from lm_human_preferences.training import train_state, plots, run
-from lm_human_preferences.utils import optional_deps, stopping
+from lm_human_preferences.utils import finite, optional_deps, stopping
 from test_resume import env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -268,7 +268,7 @@ def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
             self.param_groups[0]['params'][0].view(-1)[0] = float('nan')
     monkeypatch.setattr(train_policy.AdamTF, 'step', step_then_break)
     save_dir = tmp_path / 'run'
-    with pytest.raises(train_policy.utils.NonFiniteError, match='non-finite policy parameters at step 1'):
+    with pytest.raises(finite.NonFiniteError, match='non-finite policy parameters at step 1'):
         train_policy.train(policy_hparams(save_dir, **{'run.save_interval': 1}))
     assert checkpoints.checkpoint_steps(save_dir / 'policy') == []
     assert train_state.train_state_steps(save_dir / 'policy') == []

@@ -51,7 +51,7 @@ from typing import Callable, Dict, Optional
 import torch
 
 from lm_human_preferences.language import checkpoints
-from lm_human_preferences.utils import core, cpu, files, hyperparams, ranks, stopping
+from lm_human_preferences.utils import core, cpu, files, finite, hyperparams, ranks, stopping
 from lm_human_preferences.training import train_state, plots
 
 SCOPES = dict(train_reward='reward_model', train_policy='policy')
@@ -481,7 +481,7 @@ class Run:
     def _save(self, step, *, extra, model, done):
         modules = self.tracked['modules']
         for name, module in modules.items():
-            core.check_finite(step, **{f'{name} parameters': torch.stack(
+            finite.check_finite(step, **{f'{name} parameters': torch.stack(
                 [p.detach().float().abs().max() for p in module.parameters()])})
         module, model_hparams, encoding = self.tracked['model']
 
@@ -528,7 +528,7 @@ class Run:
             except KeyboardInterrupt as e:  # Stopped, or Ctrl-C's own where no handler is installed
                 self._report_stop(e, step())
                 raise
-            except (core.NonFiniteError, train_state.CheckpointWriteError):
+            except (finite.NonFiniteError, train_state.CheckpointWriteError):
                 raise  # nothing more is written: no non-finite values, and a failed save would only fail again
             except BaseException:
                 self.save_model_at_exit(step())

@@ -5,6 +5,7 @@ from torch import nn
 
 from lm_human_preferences import lm_tasks
 from lm_human_preferences.language import bf16, model, sample
+from lm_human_preferences.utils import categorical
 from lm_human_preferences.utils import core as utils
 
 
@@ -131,7 +132,7 @@ class Policy(nn.Module):
 
         logits = logits / self.temperature
         # Ours: the original's logprobs_from_logits and entropy_from_logits in one (fewer passes over the logits)
-        logprobs, entropies = utils.logprobs_and_entropies_from_logits(logits=logits, labels=responses)
+        logprobs, entropies = categorical.logprobs_and_entropies_from_logits(logits=logits, labels=responses)
         return dict(
             logprobs=logprobs,
             entropies=entropies,

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from lm_human_preferences.utils import categorical
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import finite
 from lm_human_preferences.utils import ranks
@@ -190,7 +191,7 @@ def test_entropy_and_logprobs():
     np.testing.assert_allclose(utils.logprobs_from_logits(logits=logits, labels=labels).numpy(), want, rtol=1e-10)
     # Both from one log-softmax (policy.analyze_responses): the same values, the entropy outside autograd.
     logits.requires_grad_(True)
-    logprobs, entropies = utils.logprobs_and_entropies_from_logits(logits=logits, labels=labels)
+    logprobs, entropies = categorical.logprobs_and_entropies_from_logits(logits=logits, labels=labels)
     np.testing.assert_allclose(logprobs.detach().numpy(), want, rtol=1e-10)
     np.testing.assert_allclose(entropies.numpy(), (-(p * p.log()).sum(-1)).numpy(), rtol=1e-10)
     assert logprobs.requires_grad and not entropies.requires_grad
@@ -243,27 +244,27 @@ def _running_sum_sample(logits, uniform):
 
 
 def test_sample_from_logits_two_levels_is_the_running_sums_sample():
-    """The running sum in blocks (utils.SAMPLE_BLOCK) samples what the one running sum samples from the same
+    """The running sum in blocks (categorical.SAMPLE_BLOCK) samples what the one running sum samples from the same
     uniforms, over a vocabulary of many blocks and a partial one, with non-finite logits among them."""
     g = torch.Generator().manual_seed(0)
-    logits = 3 * torch.randn(64, 5 * utils.SAMPLE_BLOCK + 17, generator=g)
+    logits = 3 * torch.randn(64, 5 * categorical.SAMPLE_BLOCK + 17, generator=g)
     logits[:, ::7] = -math.inf
     logits[:5, 100:] = -math.inf  # rows whose mass is all in the first block
     uniform = torch.rand(64, dtype=torch.float64, generator=g)
-    samples, has_finite = utils.sample_from_logits_unchecked(logits, uniform=uniform)
+    samples, has_finite = categorical.sample_from_logits_unchecked(logits, uniform=uniform)
     assert has_finite.all()
     assert torch.equal(samples, _running_sum_sample(logits, uniform))
     # At the ends of [0, 1): the first and the last token of positive weight, never one of weight 0 (the
     # blocks' float32 sums and the float64 running sums within a block may round apart at the end).
-    ends = torch.full((2, utils.SAMPLE_BLOCK + 3), -math.inf)
-    ends[:, 2:utils.SAMPLE_BLOCK] = 0.0
-    samples, _ = utils.sample_from_logits_unchecked(ends, uniform=torch.tensor([0.0, 1 - 2 ** -53], dtype=torch.float64))
-    assert samples.tolist() == [2, utils.SAMPLE_BLOCK - 1]
+    ends = torch.full((2, categorical.SAMPLE_BLOCK + 3), -math.inf)
+    ends[:, 2:categorical.SAMPLE_BLOCK] = 0.0
+    samples, _ = categorical.sample_from_logits_unchecked(ends, uniform=torch.tensor([0.0, 1 - 2 ** -53], dtype=torch.float64))
+    assert samples.tolist() == [2, categorical.SAMPLE_BLOCK - 1]
     # A target the block's running sums do not reach (its float32 sum rounded above them): its last token of
     # positive weight (index 1: index 2 adds 0), not the one past the end nor one of weight 0.
     cdf = torch.tensor([[1.0, 2.0, 2.0]], dtype=torch.float64)
-    assert utils._search_running_sum(cdf, torch.tensor([[2.0 + 1e-12]], dtype=torch.float64)).item() == 1
-    assert utils._search_running_sum(cdf, torch.tensor([[1.0]], dtype=torch.float64)).item() == 1  # upper bound
+    assert categorical._search_running_sum(cdf, torch.tensor([[2.0 + 1e-12]], dtype=torch.float64)).item() == 1
+    assert categorical._search_running_sum(cdf, torch.tensor([[1.0]], dtype=torch.float64)).item() == 1  # upper bound
 
 
 def test_pearson_r():

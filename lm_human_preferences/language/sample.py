@@ -2,6 +2,7 @@
 
 import torch
 
+from lm_human_preferences.utils import categorical
 from lm_human_preferences.utils import core as utils
 
 
@@ -70,7 +71,7 @@ def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_
             logits = utils.take_top_k_logits(logits, top_k)
         if top_p != 1.0:
             logits = utils.take_top_p_logits(logits, top_p)
-        next_sample, next_has_finite = utils.sample_from_logits_unchecked(
+        next_sample, next_has_finite = categorical.sample_from_logits_unchecked(
             logits, uniform=uniforms.index_select(1, index))  # [b, 1]
         has_finite.logical_and_(next_has_finite[:, 0])
         if want_logprobs:
@@ -87,7 +88,7 @@ def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_
     run_steps = _replay_as_cuda_graph if cuda_graph and context.device.type == 'cuda' else _run_eagerly
     run_steps(body, length - 1)
 
-    utils.check_rows_have_finite_logits(has_finite)
+    categorical.check_rows_have_finite_logits(has_finite)
     return dict(tokens=torch.cat([context, responses], dim=1), presents=past, **extras,
                 **(dict(logprobs=logprobs) if want_logprobs else {}))
 
@@ -101,7 +102,7 @@ def _first_token(context_output, uniforms, beta, length, extra_outputs, want_log
     # As the original, top_k / top_p are not applied to the first sampled token.
     # Ours: nothing in the loop reads a value on the host, so the device never waits for it; whether
     # every row had a finite logit at every step is checked once, after the loop.
-    first, has_finite = utils.sample_from_logits_unchecked(logits, uniform=uniforms[:, 0])  # [b]
+    first, has_finite = categorical.sample_from_logits_unchecked(logits, uniform=uniforms[:, 0])  # [b]
     responses = first.new_empty(len(first), length)
     responses[:, 0] = first
     logprobs = None

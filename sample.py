@@ -19,7 +19,7 @@ from lm_human_preferences import lm_tasks, sample_commands, train_policy
 from lm_human_preferences.language import trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import command_line, launch, workers
+from lm_human_preferences.utils import command_line, launch, passes, workers
 
 
 def sample_policy(save_dir=None, savescope='policy', temperature=1.0, seed=None, batch_size=4, nsamples=0):
@@ -47,7 +47,7 @@ def sample_policy(save_dir=None, savescope='policy', temperature=1.0, seed=None,
 
     def rank_batch():  # in each rank's section: its queries, its random streams
         queries = query_sampler()['tokens']
-        with torch.no_grad(), utils.autocast(hparams.run.use_bf16()):
+        with torch.no_grad(), passes.autocast(hparams.run.use_bf16()):
             rollouts = policy.respond(queries, length=task.response_length)
         return queries, rollouts['responses']
 

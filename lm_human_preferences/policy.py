@@ -5,8 +5,7 @@ from torch import nn
 
 from lm_human_preferences import lm_tasks
 from lm_human_preferences.language import bf16, model, sample
-from lm_human_preferences.utils import categorical
-from lm_human_preferences.utils import core as utils
+from lm_human_preferences.utils import categorical, passes
 
 
 class Policy(nn.Module):
@@ -89,7 +88,7 @@ class Policy(nn.Module):
                                   room=length - 1, check_inputs=past is None)
 
         results = []
-        for piece in utils.microbatches(len(contexts), microbatch_size):
+        for piece in passes.microbatches(len(contexts), microbatch_size):
             result = sample.sample_sequence(
                 step=step,
                 context=contexts[piece],
@@ -106,7 +105,7 @@ class Policy(nn.Module):
                 **({'logprobs': result['logprobs']} if logprobs else {}),
                 values=result['values'],
             ))
-        return utils.cat_pieces(results)
+        return passes.cat_pieces(results)
 
     def analyze_responses(self, queries, responses):
         """Logprobs and entropies of responses under logits / temperature, and the (unscaled) values,

@@ -23,7 +23,7 @@ from lm_human_preferences.training.execution import Execution
 from lm_human_preferences.training.run import Progress, Run
 from lm_human_preferences.training.side_by_side import RankBlocks
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import finite, hyperparams
+from lm_human_preferences.utils import finite, hyperparams, passes
 
 
 @dataclass
@@ -328,7 +328,7 @@ class PPOTrainer:
             # Ours: under bf16 the old logprobs and values are the loss's forward's, so that the ratio starts at 1
             rollouts = dict(rollouts, **self.forward_for_first_minibatch(queries, responses))
         with torch.no_grad(), self.execution.autocast():
-            ref_logprobs = utils.microbatched(
+            ref_logprobs = passes.microbatched(
                 self.ref_policy.analyze_responses, microbatch_size, queries, responses)['logprobs']
             # Scored: the postprocessed (truncated) responses; PPO trains on the untruncated ones.
             scores, postprocessed_responses, score_stats = self.score_fn(queries, responses)
@@ -349,10 +349,10 @@ class PPOTrainer:
     def forward_for_first_minibatch(self, queries, responses):
         """Ours, bf16 mode: the "old" logprobs and values by the loss's forward; its graph kept where the first
         minibatch is the whole batch in one pass, so that train() does not run it twice."""
-        whole = self.hparams.ppo.nminibatches == 1 and len(utils.microbatches(len(queries),
+        whole = self.hparams.ppo.nminibatches == 1 and len(passes.microbatches(len(queries),
                                                                               self.execution.microbatch_size)) == 1
         with torch.set_grad_enabled(whole), self.execution.autocast():
-            outputs = utils.microbatched(self.policy.analyze_responses, self.execution.microbatch_size,
+            outputs = passes.microbatched(self.policy.analyze_responses, self.execution.microbatch_size,
                                          queries, responses)
         self.rollout_forward = outputs if whole else None
         return dict(logprobs=outputs['logprobs'].detach(), values=outputs['values'].detach())
@@ -409,7 +409,7 @@ class PPOTrainer:
 
         n = len(values)
         row_stats = []
-        for piece in utils.microbatches(n, self.execution.microbatch_size):
+        for piece in passes.microbatches(n, self.execution.microbatch_size):
             outputs = forward
             if outputs is None:
                 with self.execution.autocast():
@@ -511,7 +511,7 @@ def make_score_fn(hparams, score_model, microbatch_size=None):
 
     def score_fn(queries, responses):
         responses = postprocess(responses)
-        score = penalize(responses, utils.microbatched(score_model.score_fn, microbatch_size, queries, responses))
+        score = penalize(responses, passes.microbatched(score_model.score_fn, microbatch_size, queries, responses))
         return score, responses, dict(score=score)
     return score_fn
 

@@ -3,7 +3,6 @@ original's, recorded in tests/original_files.json), every original definition is
 reason (lm_human_preferences/porting_map.py, which PORTING.md's tables are printed from), and the side-by-side
 page, on an original-like checkout made here, is a reviewer's diff."""
 import json
-import os
 import re
 import subprocess
 import sys

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from lm_human_preferences.utils import categorical
+from lm_human_preferences.utils import categorical, passes
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import finite
 from lm_human_preferences.utils import ranks
@@ -485,10 +485,10 @@ def test_record_stats(tmp_path, capsys):
 
 
 def test_autocast():
-    with utils.autocast(True):
+    with passes.autocast(True):
         y = torch.nn.functional.linear(torch.randn(2, 3, device=utils.get_device()), torch.randn(4, 3, device=utils.get_device()))
     assert y.dtype == torch.bfloat16
-    with utils.autocast(False):
+    with passes.autocast(False):
         y = torch.nn.functional.linear(torch.randn(2, 3), torch.randn(4, 3))
     assert y.dtype == torch.float32
 

@@ -2,8 +2,8 @@
 
 import torch
 
-from lm_human_preferences.utils import categorical
 from lm_human_preferences.utils import core as utils
+from lm_human_preferences.utils import categorical
 
 
 def draw_uniforms(batch_size, length, *, generator=None, device=None):

@@ -6,7 +6,7 @@ stats, a gradient averaged over ranks, each rank's share of a global index list,
 import numpy as np
 import torch
 
-from lm_human_preferences.utils import core, ranks
+from lm_human_preferences.utils import core, passes, ranks
 
 
 class RankBlocks:
@@ -28,14 +28,14 @@ class RankBlocks:
 
     def passes(self, fn, size, *tensors):
         """fn(*tensors) (rows first, a tensor back) over each rank's rows in passes of their own, of at most `size`
-        rows each (core.microbatches; None: a rank's rows in one pass), concatenated rank after rank. CPU kernels
+        rows each (passes.microbatches; None: a rank's rows in one pass), concatenated rank after rank. CPU kernels
         round a row differently in a batch of another number of rows (a GEMM's blocking, a vector loop's tail: the
         reward normalization's mean moved by 3e-8 between --procs 1 and 4), so a pass over several ranks' rows
         would make each rank's result depend on how many ranks its process carries. With one rank: fn's pieces
-        as core.microbatched makes them."""
+        as passes.microbatched makes them."""
         n = len(tensors[0]) // self.count
-        return core.cat_pieces([fn(*(t[rank * n + piece.start:rank * n + piece.stop] for t in tensors))
-                                for rank in range(self.count) for piece in core.microbatches(n, size)])
+        return passes.cat_pieces([fn(*(t[rank * n + piece.start:rank * n + piece.stop] for t in tensors))
+                                for rank in range(self.count) for piece in passes.microbatches(n, size)])
 
     def shares(self, indices):
         """Each of this process's ranks' share of a global index list, indices[rank::world], as the original's

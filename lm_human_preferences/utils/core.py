@@ -14,7 +14,6 @@ The original's functions come first, in its order; ours follow them.
 """
 
 import collections.abc
-import math
 import os
 import sys
 import types
@@ -564,35 +563,7 @@ def _module_tensors(params):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Ours: microbatches (run.microbatch_size), autocast (run.bf16), and record_stats's table.
-
-def microbatches(n, size):
-    """Ours: slices [0, size), [size, 2 size), ... covering range(n), the pieces of a batch of n rows that
-    a model pass of at most `size` rows takes one after another (run.microbatch_size); None: one piece."""
-    if size is None or size >= n:
-        return [slice(0, n)]
-    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
-
-
-def cat_pieces(pieces):
-    """torch.cat of a list of tensors, or of dicts of tensors key by key; a single piece as it is."""
-    if len(pieces) == 1:
-        return pieces[0]
-    if isinstance(pieces[0], dict):
-        return {k: torch.cat([p[k] for p in pieces]) for k in pieces[0]}
-    return torch.cat(pieces)
-
-
-def microbatched(fn, size, *tensors):
-    """Ours: fn(*tensors) computed on microbatches of at most `size` rows (microbatches) and concatenated;
-    fn returns a tensor or a dict of tensors, rows first."""
-    return cat_pieces([fn(*(t[piece] for t in tensors)) for piece in microbatches(len(tensors[0]), size)])
-
-
-def autocast(enabled, device=None):
-    """Ours, the one autocast helper: bf16 autocast on `device` (default: ours, get_device()) where enabled; a
-    no-op block elsewhere (the original ran fp32; run.bf16 turns it on: training/execution.py)."""
-    return torch.autocast(device_type=(device or get_device()).type, dtype=torch.bfloat16, enabled=enabled)
+# Ours: record_stats's table.
 
 
 def _to_float(v):

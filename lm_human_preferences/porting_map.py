@@ -83,6 +83,7 @@ OTHER_MODULES = [
      "new: TF's Multinomial algorithm for `core.sample_from_logits`; logprobs and entropies in one pass"),
     ('—', '`lm_human_preferences/utils/passes.py`',
      'new: how a model pass runs: in microbatches of at most `run.microbatch_size` rows, under bf16 autocast'),
+    ('—', '`lm_human_preferences/utils/stats_table.py`', 'new: the table of stats `core.record_stats` prints'),
     ('—', '`lm_human_preferences/utils/finite.py`',
      'new: the non-finite guards (`check_finite`): a NaN loss, gradient or reward stops a run before it is applied'),
     ('—', '`lm_human_preferences/language/checkpoints.py`',

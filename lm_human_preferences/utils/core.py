@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from lm_human_preferences.utils import categorical, ranks
+from lm_human_preferences.utils import categorical, ranks, stats_table
 
 
 def get_device():
@@ -378,12 +378,12 @@ def record_stats(*, stats, summary_writer, step, log_interval):
     """Log stats (dict of name -> scalar, already averaged over ranks) on the process that carries rank 0:
     print a table every log_interval steps and write every step to TensorBoard. Returns the dict of floats
     (on every process). training/run.py's StatsLog adds the JSONL file and wandb."""
-    means = {k: _to_float(v) for k, v in stats.items()}
+    means = {k: stats_table.to_float(v) for k, v in stats.items()}
     step = int(step)
     if not is_root():
         return means
     if log_interval and step % log_interval == 0:
-        print(_format_table(means, step))
+        print(stats_table.format_table(means, step))
     if summary_writer is not None:
         for k, v in means.items():
             summary_writer.add_scalar(k, v, global_step=step)
@@ -560,21 +560,3 @@ def _module_tensors(params):
         # Parameters and buffers (e.g. a reward model's gain/bias), in state_dict order (same on every rank).
         return list(params.state_dict(keep_vars=True).values())
     return list(params)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Ours: record_stats's table.
-
-
-def _to_float(v):
-    if isinstance(v, torch.Tensor):
-        return v.detach().float().item()
-    return float(v)
-
-
-def _format_table(means, step):
-    rows = [('step', str(step))] + [(k, f'{v:.6g}') for k, v in sorted(means.items())]
-    kw = max(len(k) for k, _ in rows)
-    vw = max(len(v) for _, v in rows)
-    line = '-' * (kw + vw + 7)
-    return '\n'.join([line] + [f'| {k:<{kw}} | {v:>{vw}} |' for k, v in rows] + [line])

@@ -76,7 +76,10 @@ OTHER_MODULES = [
      'over ranks, per-rank gradients)'),
     ('—', '`lm_human_preferences/training/adam.py`, `plots.py`', 'new: `AdamTF`; learning curves'),
     ('—', '`lm_human_preferences/utils/ranks.py`',
-     'new: ranks carried by processes (`--mpi N --procs P`: per-rank sections and random streams)'),
+     'new: ranks carried by processes (`--mpi N --procs P`: per-rank sections and random streams); the one '
+     'spelling of ranks (`get_rank`, `get_world_size`, `is_root`, `local_ranks`, `for_each_rank`, `concat_ranks`)'),
+    ('—', '`lm_human_preferences/utils/distributed.py`',
+     "new: torch.distributed's collectives over processes, which `core`'s MPI functions are written with"),
     ('—', '`lm_human_preferences/utils/stopping.py`, `files.py`, `optional_deps.py`',
      "new: stop signals (the launcher's and the run's); atomic writes, the pickle guard; optional dependencies"),
     ('—', '`lm_human_preferences/utils/categorical.py`',

@@ -19,7 +19,7 @@ from lm_human_preferences.language import checkpoints, hf_export
 from lm_human_preferences.offline import experiment as offline_experiment
 from lm_human_preferences.offline import report as offline_report
 from lm_human_preferences.training import plots, run
-from lm_human_preferences.utils import command_line, hyperparams, workers
+from lm_human_preferences.utils import command_line, hyperparams, ranks, workers
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils.command_line import ConfigError
 
@@ -86,9 +86,9 @@ def check_sample_options(save_dir, savescope, temperature, seed, batch_size, nsa
 def print_what_is_sampled(m, task, *, temperature, seed, batch_size, nsamples):
     """One line saying what sample_policy samples (the original printed the whole HParams repr and the model's
     hparams)."""
-    nsamples_per_rank = utils.exact_div(nsamples, utils.get_world_size())
-    if utils.is_root():
-        total = utils.ceil_div(nsamples_per_rank, batch_size) * batch_size * utils.get_world_size()
+    nsamples_per_rank = utils.exact_div(nsamples, ranks.get_world_size())
+    if ranks.is_root():
+        total = utils.ceil_div(nsamples_per_rank, batch_size) * batch_size * ranks.get_world_size()
         count = ('samples forever (--nsamples 0)' if nsamples == 0 else f'{total} samples' if total == nsamples else
                  f'{total} samples (--nsamples {nsamples} in whole batches of --batch_size {batch_size})')
         print(f'sample: {count} of {m.checkpoint()} at temperature {temperature:g}, seed '

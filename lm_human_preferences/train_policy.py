@@ -23,7 +23,7 @@ from lm_human_preferences.training.execution import Execution
 from lm_human_preferences.training.run import Progress, Run
 from lm_human_preferences.training.side_by_side import RankBlocks
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import finite, hyperparams, passes
+from lm_human_preferences.utils import finite, hyperparams, passes, ranks
 
 
 @dataclass
@@ -261,7 +261,7 @@ class PPOTrainer:
         self.sample_queries = lambda: self.query_sampler()['tokens'].to(self.device)
 
         # per rank sizes
-        self.per_rank_rollout_batch_size = utils.exact_div(hparams.ppo.batch_size, utils.get_world_size())
+        self.per_rank_rollout_batch_size = utils.exact_div(hparams.ppo.batch_size, ranks.get_world_size())
         self.per_rank_minibatch_size = utils.exact_div(self.per_rank_rollout_batch_size, hparams.ppo.nminibatches)
         # Ours: the ranks this process carries, side by side in every batch: rank local_ranks()[i] holds
         # rows i * per_rank .. (i + 1) * per_rank - 1 (training/side_by_side.py).
@@ -304,7 +304,7 @@ class PPOTrainer:
         if self.progress is None:
             self.progress = Progress(nupdates(hparams), start=self.global_step, started=step_started_at)
         self.progress.done = self.global_step + 1
-        if utils.is_root():
+        if ranks.is_root():
             # Ours: how many of how many are done (a count: step 0 done is 1 done), and the ETA.
             print(f"[ppo_step {self.global_step}] step_time={step_time:.2f}s, "
                   f"eps/s={eps_per_second:.2f} ({self.progress()})")
@@ -317,7 +317,7 @@ class PPOTrainer:
         microbatch_size = self.execution.microbatch_size
 
         # Ours: each rank's queries and sampling draws, from its own query shard and streams.
-        queries, uniforms = utils.side_by_side(lambda: sample.queries_and_draws(
+        queries, uniforms = ranks.concat_ranks(lambda: sample.queries_and_draws(
             self.sample_queries(), hparams.task.response_length))
 
         with torch.no_grad(), self.execution.autocast():
@@ -477,7 +477,7 @@ class PPOTrainer:
         return self.run.stats.log(stats, step)
 
     def print_samples(self, queries, responses, scores, logprobs, ref_logprobs):
-        if not utils.is_root():
+        if not ranks.is_root():
             return
         if self.global_step % self.hparams.run.log_interval != 0:
             return
@@ -563,10 +563,10 @@ def train(hparams: HParams):
 
         query_sampler = lm_tasks.make_query_sampler(
             hparams=hparams.task, encoder=encoder,
-            batch_size=utils.exact_div(hparams.ppo.batch_size, utils.get_world_size()),
+            batch_size=utils.exact_div(hparams.ppo.batch_size, ranks.get_world_size()),
         )
 
-        run_checks.check_policy_ranks(hparams, utils.get_world_size())  # at launch already; for callers of train()
+        run_checks.check_policy_ranks(hparams, ranks.get_world_size())  # at launch already; for callers of train()
 
         ppo_trainer = PPOTrainer(
             policy=policy, ref_policy=ref_policy, query_sampler=query_sampler,

@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from lm_human_preferences.utils import categorical, passes
+from lm_human_preferences.utils import categorical, passes, ranks
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import finite
-from lm_human_preferences.utils import ranks
 from lm_human_preferences.training import adam
 
 
@@ -291,8 +290,8 @@ def test_flat_stats():
 
 def test_single_process_distributed_helpers():
     # Without a process group everything behaves as one MPI rank.
-    assert utils.get_rank() == 0 and utils.get_world_size() == 1 and utils.is_root()
-    assert list(utils.local_ranks()) == [0]
+    assert ranks.get_rank() == 0 and ranks.get_world_size() == 1 and ranks.is_root()
+    assert list(ranks.local_ranks()) == [0]
     x = torch.tensor([1.0, 2.0])
     assert utils.mpi_allreduce_sum([x]) is x
     assert utils.mpi_allreduce_mean([3.5]) == 3.5
@@ -322,13 +321,13 @@ def test_ranks_carried_by_one_process():
     from section to section) and share in the reductions; the process's own stream is apart."""
     import random
     with ranks.carry(3):
-        assert utils.get_world_size() == 3 and list(utils.local_ranks()) == [0, 1, 2]
-        assert utils.get_rank() == 0 and utils.is_root()  # outside the sections: the first rank carried
+        assert ranks.get_world_size() == 3 and list(ranks.local_ranks()) == [0, 1, 2]
+        assert ranks.get_rank() == 0 and ranks.is_root()  # outside the sections: the first rank carried
         utils.set_mpi_seed(5)
-        first = utils.for_each_rank(lambda: (utils.get_rank(), utils.is_root(), torch.rand(2).tolist(),
+        first = ranks.for_each_rank(lambda: (ranks.get_rank(), ranks.is_root(), torch.rand(2).tolist(),
                                              np.random.rand(), random.random()))
         assert [f[:2] for f in first] == [(0, True), (1, False), (2, False)]
-        second = utils.for_each_rank(lambda: torch.rand(2).tolist())
+        second = ranks.for_each_rank(lambda: torch.rand(2).tolist())
         process_draw = torch.rand(2).tolist()
         # Each rank's stream is the one a process of its own would have: seeded seed + 100003 * rank.
         for rank, (f, s) in enumerate(zip(first, second)):
@@ -346,10 +345,10 @@ def test_ranks_carried_by_one_process():
         with pytest.raises(TypeError, match="the list of the values of this process's 3 ranks, got list of 2"):
             utils.mpi_allreduce_sum([1, 2])
         with pytest.raises(RuntimeError, match="collective over processes: call it outside the rank sections"):
-            utils.for_each_rank(lambda: utils.sync_params([p]))
+            ranks.for_each_rank(lambda: utils.sync_params([p]))
         with pytest.raises(RuntimeError, match='rank sections do not nest'):
-            utils.for_each_rank(lambda: utils.for_each_rank(lambda: None))
-    assert utils.get_world_size() == 1  # the layout ends with the block
+            ranks.for_each_rank(lambda: ranks.for_each_rank(lambda: None))
+    assert ranks.get_world_size() == 1  # the layout ends with the block
 
 
 def test_chunk_tensors():

@@ -18,7 +18,7 @@ def draw_uniforms(batch_size, length, *, generator=None, device=None):
 
 def queries_and_draws(queries, length):
     """(queries, their draw_uniforms for `length` tokens, drawn from the global stream): what a rank samples
-    from, made in its section (core.side_by_side)."""
+    from, made in its section (ranks.concat_ranks)."""
     # Drawn from the CPU's stream whatever the device: CUDA's generator is another stream, and with it a run
     # on a GPU would sample other tokens than the same run on a CPU (one copy of b x length per rollout).
     return queries, draw_uniforms(len(queries), length).to(queries.device)

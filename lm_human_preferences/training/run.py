@@ -179,12 +179,12 @@ class StatsLog:
 
     def log(self, stats, step, *, log_interval=None):
         """Log stats (name -> scalar, already averaged over ranks) at step; returns them as floats."""
-        if core.is_root() and self.tb_dir and self.summary_writer is None:
+        if ranks.is_root() and self.tb_dir and self.summary_writer is None:
             self.summary_writer = core.get_summary_writer(self.save_dir, subdir=TB_SUBDIRS[self.kind],
                                                           purge_step=self.purge_step)
         stats = core.record_stats(stats=stats, summary_writer=self.summary_writer, step=step,
                                   log_interval=self.log_interval if log_interval is None else log_interval)
-        if core.is_root():
+        if ranks.is_root():
             if self.jsonl_path:
                 with open(self.jsonl_path, 'a') as f:
                     f.write(json.dumps({'step': int(step), **stats}) + '\n')
@@ -199,7 +199,7 @@ class StatsLog:
         """The run goes on from `step` (None: a finished run, which logs nothing more): forget what the
         interrupted run logged at `step` and after, and a last line cut off (read dropped it)."""
         self.purge_step = step
-        if core.is_root() and self.rows is not None:
+        if ranks.is_root() and self.rows is not None:
             keep = [line for line, row in self.rows if step is None or row['step'] < step]
             if sum(map(len, keep)) != os.path.getsize(self.jsonl_path):
                 files.atomic_write(self.jsonl_path, b''.join(keep))
@@ -217,7 +217,7 @@ def _wandb_run(hparams, kind):
     """A Weights & Biases run for this trainer (ours), on the process that carries rank 0: one per
     trainer and save dir, grouped by the save dir's name (train_policy's reward phase is the group's
     train_reward run); a resumed run continues its wandb run (its id is kept in the save dir)."""
-    if not hparams.run.wandb or not core.is_root():
+    if not hparams.run.wandb or not ranks.is_root():
         return None
     import wandb  # the `wandb` extra; checked at launch (optional_deps.check_wandb)
     save_dir = hparams.run.save_dir
@@ -324,7 +324,7 @@ class Run:
                               wandb_init=partial(_wandb_run, hparams, kind) if hparams.run.wandb else None)
         self._created = []  # what this run made before it trained anything: removed if it fails then (__exit__)
         error = None
-        if self.save_dir and core.is_root():
+        if self.save_dir and ranks.is_root():
             try:
                 # A rerun must match the hparams of the run in the save dir (refused, it writes nothing).
                 # A save dir where nothing was trained yet (a run that stopped at a bad input, say) holds
@@ -345,7 +345,7 @@ class Run:
         error = core.mpi_bcast(error)
         if error is not None:
             raise (SaveDirInUseError if error[0] == 'SaveDirInUseError' else ValueError)(error[1])
-        if core.is_root():
+        if ranks.is_root():
             self._print_summary()
 
     def __enter__(self):
@@ -361,7 +361,7 @@ class Run:
         if isinstance(exc, stopping.Stopped) and not exc.reported:
             self._report_stop(exc, None)
         self.stats.close()
-        if exc is not None and core.is_root():
+        if exc is not None and ranks.is_root():
             self._remove_what_it_made()
         self._lock.close()
 
@@ -390,7 +390,7 @@ class Run:
                 if flat.get(k) is not None]
         where = (f'saving to {self.save_dir} (all hparams: {self.kind}_hparams.json)' if self.save_dir
                  else 'no run.save_dir: nothing is saved')
-        layout = f'{_count(core.get_world_size(), "rank")} in {_count(ranks.num_processes(), "process")}'
+        layout = f'{_count(ranks.get_world_size(), "rank")} in {_count(ranks.num_processes(), "process")}'
         print(f'{self.kind}: {layout} on {cpu.describe(core.get_device())}; {where}')  # the CPU's kind: its timings
         print('  ' + ', '.join(f'{k}={flat[k]}' for k in keys))
 
@@ -404,7 +404,7 @@ class Run:
         if not self.save_dir:
             return
         error = None
-        if core.is_root():
+        if ranks.is_root():
             path = os.path.join(self.save_dir, f'{self.kind}_data.json')
             recorded = {}
             if os.path.exists(path):
@@ -437,7 +437,7 @@ class Run:
         TrainState or None. Collective. The end-of-run summary times the trainer from here (train_policy's
         reward phase, before it, has its own)."""
         self.started = time.time()
-        if self.save_dir and core.is_root() and self.tracked is not None:
+        if self.save_dir and ranks.is_root() and self.tracked is not None:
             self.stats.read()  # as it is now: the online loop resumes a run again after each round
         logged = self.stats.next_step()
         state = train_state.load_latest_train_state(self.model_dir, modules=modules, optimizer=optimizer,
@@ -448,7 +448,7 @@ class Run:
         done = bool(state and state.extra.get('done'))
         if self.save_dir:
             self.stats.rewind(None if done else state.step if state else 0)  # a finished run redoes nothing
-        if state and core.is_root():
+        if state and ranks.is_root():
             newest = train_state.train_state_steps(self.model_dir)[0]
             note = (f'; {self.stats.jsonl_path} ends before step {newest}: the steps from {state.step} are redone '
                     f'to log them again' if logged is not None and state.step <= logged < newest else '')
@@ -493,7 +493,7 @@ class Run:
             samplers=self.tracked['samplers'], extra=dict(extra, done=done), save_model=save_model if model else None)
         self.saved_step = step
         self.saved_model_step = step if model else self.saved_model_step
-        if core.is_root():
+        if ranks.is_root():
             self._prune_model_checkpoints()
 
     def _prune_model_checkpoints(self):
@@ -505,7 +505,7 @@ class Run:
         """The original's `finally: saver.save()` after an error: the model checkpoint of the weights
         reached, on the process carrying rank 0 alone (its peers may be gone), if it trained since it
         started or resumed, and they are finite and not saved yet."""
-        if (not self.save_dir or not core.is_root() or self.tracked is None or step == self.tracked['start']
+        if (not self.save_dir or not ranks.is_root() or self.tracked is None or step == self.tracked['start']
                 or self.saved_model_step == step):
             return
         module, model_hparams, encoding = self.tracked['model']
@@ -533,7 +533,7 @@ class Run:
             except BaseException:
                 self.save_model_at_exit(step())
                 raise
-        if self.save_dir and core.is_root():
+        if self.save_dir and ranks.is_root():
             plots.plot_learning_curves(self.save_dir, kinds=(self.kind[len('train_'):],))
             print(self.summary(step()))
         signum = stopping.stop_signal_of_any_process()
@@ -547,7 +547,7 @@ class Run:
         (on the process carrying rank 0)."""
         signum = getattr(e, 'signum', signal.SIGINT)
         e.reported = True
-        if not core.is_root():
+        if not ranks.is_root():
             return
         # after Ctrl-C's ^C, on a line of its own
         stopped = ('\n' if signum == signal.SIGINT else '') + f'{self.kind} stopped by {stopping.signal_name(signum)}'

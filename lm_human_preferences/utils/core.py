@@ -20,11 +20,10 @@ import types
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from lm_human_preferences.utils import categorical, ranks, stats_table
+from lm_human_preferences.utils import categorical, distributed, ranks, stats_table
 
 
 def get_device():
@@ -237,14 +236,14 @@ def mpi_bcast(value, root=0):
     tensors had static shapes); anything else (numpy arrays, python objects) is pickled.
     """
     ranks.refuse_in_section('mpi_bcast')
-    if not _processes_on():
+    if not distributed.processes_on():
         return value
     if isinstance(value, torch.Tensor):
-        buf = value.detach().to(_comm_device()).clone()
+        buf = value.detach().to(distributed.comm_device()).clone()
         dist.broadcast(buf, src=root)
         return buf.to(value.device)
     obj = [value if ranks.process_index() == root else None]
-    dist.broadcast_object_list(obj, src=root, device=_comm_device())
+    dist.broadcast_object_list(obj, src=root, device=distributed.comm_device())
     return obj[0]
 
 
@@ -270,9 +269,9 @@ def sync_params(params, root=0):
     Replaces the original's variable_synchronizer; chunked, one broadcast per chunk.
     """
     ranks.refuse_in_section('sync_params')
-    if not _processes_on():
+    if not distributed.processes_on():
         return
-    tensors = _module_tensors(params)
+    tensors = distributed.module_tensors(params)
     for batch in chunk_tensors(tensors):
         values = map_flat(lambda flat: mpi_bcast(flat, root=root), batch)
         for t, v in zip(batch, values):
@@ -282,7 +281,7 @@ def sync_params(params, root=0):
 def mpi_allreduce_sum(values):
     """The sum over all ranks of a value each rank computed (a tensor, numpy array or python number).
 
-    values: the list of the values of this process's ranks, in local_ranks() order (one value where a
+    values: the list of the values of this process's ranks, in ranks.local_ranks() order (one value where a
     process is a rank). Collective over processes; returns the same kind as the values.
     """
     ranks.refuse_in_section('mpi_allreduce_sum')
@@ -290,9 +289,10 @@ def mpi_allreduce_sum(values):
         raise TypeError(f'mpi_allreduce_sum takes the list of the values of this process\'s '
                         f'{len(ranks.local_ranks())} ranks, got {type(values).__name__}'
                         + (f' of {len(values)}' if isinstance(values, (list, tuple)) else ''))
-    if _processes_on():  # ours: every rank's value, added in rank order on every process, whatever the layout
+    # Ours: every rank's value, added in rank order on every process, whatever the layout.
+    if distributed.processes_on():
         device = values[0].device if isinstance(values[0], torch.Tensor) else None
-        values = [v if device is None else v.to(device) for v in all_gather_ranks(
+        values = [v if device is None else v.to(device) for v in distributed.all_gather_ranks(
             [v.cpu() if device is not None else v for v in values])]
     total = values[0]
     for v in values[1:]:
@@ -303,7 +303,7 @@ def mpi_allreduce_sum(values):
 def mpi_allreduce_mean(values):
     """The mean over all ranks; values as in mpi_allreduce_sum."""
     total = mpi_allreduce_sum(values)
-    scale = 1 / get_world_size()
+    scale = 1 / ranks.get_world_size()
     return total if scale == 1 else total * scale
 
 
@@ -364,7 +364,7 @@ def safe_zip(*args):
 def get_summary_writer(save_dir, subdir='', purge_step=None):
     """A TensorBoard writer under <save_dir>/tb/<subdir> on rank 0; None elsewhere or without a save_dir.
     purge_step (ours, for a resumed run): TensorBoard hides the events this dir holds from that step on."""
-    if not is_root() or save_dir is None:
+    if not ranks.is_root() or save_dir is None:
         return None
     # tensorboard uses TensorFlow's file I/O when TensorFlow is importable (here: tensorflow-cpu, for the
     # converter), which costs seconds per process; its own stub writes the same event files.
@@ -380,7 +380,7 @@ def record_stats(*, stats, summary_writer, step, log_interval):
     (on every process). training/run.py's StatsLog adds the JSONL file and wandb."""
     means = {k: stats_table.to_float(v) for k, v in stats.items()}
     step = int(step)
-    if not is_root():
+    if not ranks.is_root():
         return means
     if log_interval and step % log_interval == 0:
         print(stats_table.format_table(means, step))
@@ -402,18 +402,19 @@ def mpi_allreduce_mean_grads(params):
     dropped None gradients. Collective over processes; nothing to do with one process.
     """
     ranks.refuse_in_section('mpi_allreduce_mean_grads')
-    if not _processes_on():
+    if not distributed.processes_on():
         return
     grads = [p.grad for p in params if p.grad is not None]
     scale = 1 / ranks.num_processes()
     for chunk in chunk_tensors(grads, limit=1 << 28):
-        values = map_flat(lambda flat: _processes_sum(flat.double()) * scale, chunk)
+        values = map_flat(lambda flat: distributed.sum_over_processes(flat.double()) * scale, chunk)
         for g, v in zip(chunk, values):
             g.copy_(v)
 
 
 # ---------------------------------------------------------------------------------------------------
-# Ours, after the original's functions: tf.nn.moments, which the original's whiten used.
+# Ours, after the original's functions: tf.nn.moments, which the original's whiten uses, and this process's
+# index on its machine, which get_device uses.
 
 
 def moments(values, dim=None):
@@ -426,137 +427,7 @@ def moments(values, dim=None):
     return mean, torch.mean((values - mean.detach()) ** 2, dim, keepdim=True)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Ours, distributed: torch.distributed replaces MPI, and a rank is not a process (utils/ranks.py): the
-# `--mpi N` ranks are carried by the processes of the group, N / P each, side by side. With no
-# process group and no layout a process is one MPI rank (world size 1), so the trainers and tests run
-# unchanged in one process.
-#
-# Two kinds of collectives: the original's reductions over *ranks* (mpi_allreduce_sum / _mean) take the
-# list of this process's ranks' values; the rest (mpi_bcast, sync_params, all_gather_ranks) are over
-# *processes*, called once per process outside the rank sections (every rank of a process holds the
-# same models, so nothing per rank is lost); mpi_allreduce_mean_grads averages the processes' gradients.
-
-def get_rank():
-    """The rank whose section is running (utils/ranks.py); outside the sections, this process's first."""
-    return ranks.current_rank()
-
-
-def get_world_size():
-    """The number of ranks (the original's MPI world size), whichever number of processes carries them."""
-    return ranks.world_size()
-
-
-def is_root():
-    return get_rank() == 0
-
-
-def local_ranks():
-    """Ours: the ranks this process carries (utils/ranks.py), in order."""
-    return ranks.local_ranks()
-
-
-def for_each_rank(fn):
-    """Ours: [fn() in rank r's section for each rank r this process carries], one after another: there
-    get_rank() is r and the global random streams are r's (utils/ranks.py)."""
-    return ranks.for_each_rank(fn)
-
-
-def side_by_side(fn):
-    """Ours: fn() in each rank's section (its get_rank(), its random streams), the tensors it returns
-    concatenated rank after rank: a batch of the ranks this process carries side by side, each rank's rows
-    drawn from its own streams (utils/ranks.py). A tuple of tensors, as fn returns."""
-    return tuple(torch.cat(pieces) for pieces in zip(*for_each_rank(fn)))
-
-
 def get_local_rank():
     """This process's index on its machine (set by launch.py / torchrun); the original derived it from
     MPI host names."""
     return int(os.environ.get('LOCAL_RANK', '0'))
-
-
-def _comm_device():
-    # NCCL only moves CUDA tensors; gloo is used on CPU.
-    if dist.get_backend() == 'nccl':
-        return torch.device('cuda', torch.cuda.current_device())
-    return torch.device('cpu')
-
-
-def _processes_on():
-    return ranks.num_processes() > 1
-
-
-def _allreduce_tensor_sum(t):
-    # Reduce floats in fp32 like the original (its MPI buffer was float32; fp64 stays fp64), ints in int64.
-    if t.is_floating_point():
-        work_dtype = torch.float64 if t.dtype == torch.float64 else torch.float32
-    else:
-        work_dtype = torch.int64
-    buf = t.detach().to(device=_comm_device(), dtype=work_dtype).clone()
-    dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-    return buf.to(device=t.device, dtype=t.dtype)
-
-
-def _processes_sum(value):
-    """Sum over processes of a tensor, numpy array or python number; the same kind back."""
-    if not _processes_on():
-        return value
-    if isinstance(value, torch.Tensor):
-        return _allreduce_tensor_sum(value)
-    if isinstance(value, np.ndarray) or isinstance(value, np.generic):
-        arr = np.asarray(value)
-        out = _allreduce_tensor_sum(torch.from_numpy(np.ascontiguousarray(arr))).numpy()
-        return out if isinstance(value, np.ndarray) else out[()]
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        dtype = torch.float64 if isinstance(value, float) else torch.int64
-        out = _allreduce_tensor_sum(torch.tensor(value, dtype=dtype))
-        return type(value)(out.item())
-    raise TypeError(f'mpi_allreduce_sum: unsupported value of type {type(value).__name__}')
-
-
-def processes_sum(value):
-    """Ours: the sum over processes of a value each process computed for all the ranks it carries (a tensor,
-    numpy array or python number), e.g. totals over the rows of its ranks side by side. Collective over
-    processes; returns the same kind as the value."""
-    ranks.refuse_in_section('processes_sum')
-    return _processes_sum(value)
-
-
-def processes_min(value: int):
-    """Ours: the smallest of an integer each process computed, on every process. Collective over processes."""
-    ranks.refuse_in_section('processes_min')
-    if not _processes_on():
-        return value
-    buf = torch.tensor(value, dtype=torch.int64, device=_comm_device())
-    dist.all_reduce(buf, op=dist.ReduceOp.MIN)
-    return int(buf.item())
-
-
-def all_gather_ranks(values):
-    """Ours: [the value of rank 0, of rank 1, ...] on every process, from the list of this process's
-    ranks' values (picklable objects). Collective over processes."""
-    ranks.refuse_in_section('all_gather_ranks')
-    values = list(values)
-    if not _processes_on():
-        return values
-    gathered = [None] * ranks.num_processes()
-    dist.all_gather_object(gathered, values)
-    return [v for process_values in gathered for v in process_values]
-
-
-def gather_ranks_to_root(values):
-    """Ours: as all_gather_ranks, but only process 0 gets the list (None elsewhere)."""
-    ranks.refuse_in_section('gather_ranks_to_root')
-    values = list(values)
-    if not _processes_on():
-        return values
-    gathered = [None] * ranks.num_processes() if ranks.process_index() == 0 else None
-    dist.gather_object(values, gathered, dst=0)
-    return None if gathered is None else [v for process_values in gathered for v in process_values]
-
-
-def _module_tensors(params):
-    if isinstance(params, torch.nn.Module):
-        # Parameters and buffers (e.g. a reward model's gain/bias), in state_dict order (same on every rank).
-        return list(params.state_dict(keep_vars=True).values())
-    return list(params)

@@ -23,7 +23,7 @@ def grad_norm(params):
 def per_rank(name, values):
     """{name: value} for check_finite from one value per rank this process carries, each named for its
     rank where there are several ranks ('loss of rank 3')."""
-    if ranks.world_size() == 1:
+    if ranks.get_world_size() == 1:
         return {name: values[0]}
     return {f'{name} of rank {r}': v for r, v in zip(ranks.local_ranks(), values)}
 

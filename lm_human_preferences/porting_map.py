@@ -59,8 +59,11 @@ OTHER_MODULES = [
     ('—', '`lm_human_preferences/language/convert_tf.py`, `saved_models/prepare_pytorch_checkpoint.py`',
      'new: TF checkpoint converter'),
     ('—', '`lm_human_preferences/training/run.py`',
-     "new: a trainer's run in its save dir (lock, hparams, data record, stats sinks, resume and save, a stop "
-     "signal's save, progress, summary); `training/` is the run layer both trainers share, above `language/`"),
+     "new: a trainer's run in its save dir (hparams, data record, resume and save, a stop signal's save, "
+     "summary); `training/` is the run layer both trainers share, above `language/`"),
+    ('—', '`lm_human_preferences/training/run_folders.py`, `stats_log.py`, `progress.py`',
+     "new: the save dir's lock and the run folder a path is in; the stats sinks (table, TensorBoard, JSONL, "
+     "wandb) and their rewind rule; the progress lines"),
     ('—', '`lm_human_preferences/training/train_state.py`', 'new: resumable training states'),
     ('—', '`lm_human_preferences/training/execution.py`',
      "new: the port's own `run.*` fields (`PortRunHParams`) and `Execution.prepare`: bf16, the CUDA graph and the "

@@ -17,13 +17,18 @@ from lm_human_preferences.language import sample, trained_models
 from lm_human_preferences.online import loop as online_loop
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import TrainedRewardModel
-from lm_human_preferences.training import memory, run_checks, train_state
+from lm_human_preferences.training import execution, memory, run_checks, train_state
 from lm_human_preferences.training.adam import AdamTF
 from lm_human_preferences.training.execution import Execution
-from lm_human_preferences.training.run import Progress, Run
+from lm_human_preferences.training.progress import Progress
+from lm_human_preferences.training.run import Run
 from lm_human_preferences.training.side_by_side import RankBlocks
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import finite, hyperparams, passes, ranks
+
+# Ours: the hparams a rerun may change and still resume (training/run.Run): the port's run.* ones, and where the
+# online loop serves its labeling page.
+RERUN_MAY_CHANGE = execution.RERUN_MAY_CHANGE + ('online.host', 'online.port')
 
 
 @dataclass
@@ -271,7 +276,7 @@ class PPOTrainer:
         self.optimizer = AdamTF(self.policy.parameters(), lr=hparams.ppo.lr, eps=1e-5)
 
         # Ours: the training/run.Run that logs the stats (None: one that saves nothing).
-        self.run = run if run is not None else Run(hparams, 'train_policy')
+        self.run = run if run is not None else Run(hparams, 'train_policy', may_change=RERUN_MAY_CHANGE)
         self.progress = None  # ours: the `[ppo_step]` line's total and ETA, from the first step run
         self.rollout_forward = None  # ours, bf16 mode: see forward_for_first_minibatch
         # elapsed/time and elapsed/fps (the original's tf_times): since start and since the last batch.
@@ -539,7 +544,7 @@ def train(hparams: HParams):
     chain_reward_model(hparams)
 
     # Ours: the save dir (locked; a dir holding another run is refused), its files and stats (training/run.py).
-    with Run(hparams, 'train_policy') as run:
+    with Run(hparams, 'train_policy', may_change=RERUN_MAY_CHANGE) as run:
         if hparams.rewards.train_new_model:
             train_reward.train(hparams.rewards.train_new_model)
             utils.mpi_bcast(None)  # rank 0 saved the reward model: every process waits for it

@@ -14,8 +14,9 @@ from lm_human_preferences.policy import Policy
 from lm_human_preferences.training import (label_files, memory, reward_evaluation, reward_loss, run_checks,
                                           train_state)
 from lm_human_preferences.training.adam import AdamTF
-from lm_human_preferences.training.execution import Execution, PortRunHParams
-from lm_human_preferences.training.run import Progress, Run
+from lm_human_preferences.training.execution import RERUN_MAY_CHANGE, Execution, PortRunHParams
+from lm_human_preferences.training.progress import Progress
+from lm_human_preferences.training.run import Run
 from lm_human_preferences.training.side_by_side import RankBlocks, RankGradients
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import finite, hyperparams, ranks
@@ -132,7 +133,7 @@ class RewardModelTrainer():
         self.train_buffer = utils.SampleBuffer(capacity=hparams.labels.num_train, schemas=data_schemas)
         self.held_out_labels = None
 
-        self.run = run if run is not None else Run(hparams, 'train_reward')
+        self.run = run if run is not None else Run(hparams, 'train_reward', may_change=RERUN_MAY_CHANGE)
 
         # The original's utils.minimize: the gradients' mean over ranks, then TF1 Adam, epsilon 1e-5, no clipping.
         self.optimizer = AdamTF(self.reward_model.parameters(), lr=hparams.lr, eps=1e-5)
@@ -346,7 +347,7 @@ class RewardModelTrainer():
 def train(hparams: HParams):
     """Ours: returns RewardModelTrainer.train()'s results; rerun on the same save dir, it resumes there."""
     # Ours: the save dir (locked; a dir holding another run is refused), its files and stats (training/run.py).
-    with Run(hparams, 'train_reward') as run:
+    with Run(hparams, 'train_reward', may_change=RERUN_MAY_CHANGE) as run:
         utils.set_mpi_seed(hparams.run.seed)
 
         m = trained_models.TrainedModel(hparams.task.policy.initial_model)

@@ -22,7 +22,7 @@ from lm_human_preferences.language import trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.training import memory, reward_evaluation
 from lm_human_preferences.training.execution import Execution
-from lm_human_preferences.training.run import Progress
+from lm_human_preferences.training.progress import Progress
 from lm_human_preferences.utils import distributed, ranks
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import files, gcs

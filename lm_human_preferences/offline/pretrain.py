@@ -17,7 +17,7 @@ from safetensors.torch import save as save_tensors
 
 from lm_human_preferences.language import bf16, checkpoints, model, model_sources
 from lm_human_preferences.training.adam import AdamTF
-from lm_human_preferences.training.run import Progress
+from lm_human_preferences.training.progress import Progress
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import files, ranks
 

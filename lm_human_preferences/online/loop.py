@@ -41,7 +41,7 @@ from lm_human_preferences.labeling.programs import label_best
 from lm_human_preferences.labeling.server import LabelServer, is_loopback
 from lm_human_preferences.labeling.store import LabelStore, SESSION_FILE, parse_labelers
 from lm_human_preferences.rewards import TrainedRewardModel
-from lm_human_preferences.training.run import PRINT_EVERY_S
+from lm_human_preferences.training.progress import PRINT_EVERY_S
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import files, hyperparams, ranks
 

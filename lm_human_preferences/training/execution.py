@@ -13,6 +13,11 @@ import torch
 from lm_human_preferences.training import memory
 from lm_human_preferences.utils import core, hyperparams, passes
 
+# The run.* hparams that change what a run logs or keeps, or its memory use or speed, not its results: a rerun
+# may change them and still resume (the trainers pass these, and their own, to training/run.Run).
+RERUN_MAY_CHANGE = ('run.log_interval', 'run.wandb', 'run.wandb_project', 'run.keep_checkpoints',
+                    'run.microbatch_size', 'run.cuda_graph')
+
 
 @dataclass
 class PortRunHParams(hyperparams.HParams):

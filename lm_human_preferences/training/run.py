@@ -46,8 +46,8 @@ class Run:
         """Open the run `kind` ('train_reward' / 'train_policy') of hparams in hparams.run.save_dir (none:
         nothing is written). Collective over processes: the process carrying rank 0 takes the save dir's
         lock, removes stale temporaries, refuses a save dir holding another run's hparams (those that
-        change no result may differ: may_change, the trainer's dotted names) and writes this run's; every process raises its
-        error, in one line.
+        change no result may differ: may_change, the trainer's dotted names) and writes this run's; every
+        process raises its error, in one line.
         """
         self.hparams = hparams
         self.kind = kind

@@ -377,7 +377,7 @@ def get_summary_writer(save_dir, subdir='', purge_step=None):
 def record_stats(*, stats, summary_writer, step, log_interval):
     """Log stats (dict of name -> scalar, already averaged over ranks) on the process that carries rank 0:
     print a table every log_interval steps and write every step to TensorBoard. Returns the dict of floats
-    (on every process). training/run.py's StatsLog adds the JSONL file and wandb."""
+    (on every process). training/stats_log.py's StatsLog adds the JSONL file and wandb."""
     means = {k: stats_table.to_float(v) for k, v in stats.items()}
     step = int(step)
     if not ranks.is_root():

@@ -17,7 +17,7 @@ from lm_human_preferences import train_policy, train_reward
 from lm_human_preferences.language import checkpoints
 from lm_human_preferences.training import execution, plots, progress, run, run_folders, stats_log, train_state
 from lm_human_preferences.utils import finite, optional_deps, stopping
-from test_resume import env
+from conftest import env, write_labels
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -517,7 +517,6 @@ def reward_hparams(save_dir, labels_path):
 
 
 def test_a_rerun_on_changed_labels_is_refused(tmp_path):
-    from test_resume import write_labels
     labels = write_labels(tmp_path / 'labels.json', 20)
     save_dir = tmp_path / 'run'
     train_reward.train(reward_hparams(save_dir, labels))
@@ -540,7 +539,6 @@ def test_a_run_that_stopped_before_training_does_not_hold_its_save_dir(tmp_path)
     """A fresh run that stopped at a bad input (here its label file) trained nothing: the corrected
     rerun, with other hparams (another label file), takes the save dir instead of being refused as
     another run; once a run has trained, other hparams are refused as before."""
-    from test_resume import write_labels
     save_dir = tmp_path / 'run'
     bad = tmp_path / 'bad.json'
     bad.write_text('[{"query": [1, 2], "sample0": ')
@@ -561,7 +559,6 @@ def test_a_run_that_stopped_before_training_does_not_hold_its_save_dir(tmp_path)
 def test_reward_progress_and_summary(tmp_path, capsys):
     """train_reward's console: progress lines (step/total, time per step, ETA) for the normalization
     sampling and the reward steps, then the end-of-run summary with its final metrics and paths."""
-    from test_resume import write_labels
     save_dir = tmp_path / 'run'
     hparams = reward_hparams(save_dir, write_labels(tmp_path / 'labels.json', 20))
     hparams.run.log_interval = 1  # a progress line every reward step (with the stats table)

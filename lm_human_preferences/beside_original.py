@@ -1,23 +1,20 @@
 """Ours: the port beside the original, as a reviewer's diff, file by file and definition by definition.
 
-    python -m lm_human_preferences.beside_original ORIGINAL --out beside.html \\
-        [--original-url https://github.com/openai/lm-human-preferences]
+    python -m lm_human_preferences.beside_original ORIGINAL --out beside.html [--original-url URL]
     python -m lm_human_preferences.beside_original ORIGINAL --record tests/original_files.json
     python -m lm_human_preferences.beside_original --table tests/original_files.json
 
-ORIGINAL is a checkout of openai/lm-human-preferences (nothing is downloaded). Which of our files translates
-each original file, which name a renamed definition took and why a definition was not ported is data:
-lm_human_preferences/porting_map.py. The page pairs each original definition (a function, a class's own lines, a
-method, a closure: the original's trainers define their steps inside __init__, ours as methods) with ours and
-shows a line diff inside each pair; what we add follows the paired definition before it in our file. --record
-writes the original's names, non-blank lines and code tokens (with its commit), which --table and
-tests/test_beside_original.py hold our files against.
+ORIGINAL is a checkout of openai/lm-human-preferences (nothing is downloaded); the map is porting_map.py. The
+page pairs each original function, class, method and closure (the original's trainers define their steps
+inside __init__, ours as methods) with ours, with a line diff inside each pair. --record writes the original's
+names, non-blank lines and code tokens (with its commit), which --table and the tests hold our files against.
 """
 
 import argparse
 import ast
 import difflib
 import html
+import importlib
 import io
 import itertools
 import json
@@ -49,12 +46,10 @@ def code_tokens(text):
 
 def _code_without_comments(text):
     """{line number: the line without its comment}: what the pair similarity compares."""
-    lines = text.splitlines()
-    code = dict(enumerate(lines, 1))
+    code = dict(enumerate(text.splitlines(), 1))
     for t in tokenize.generate_tokens(io.StringIO(text).readline):
         if t.type == tokenize.COMMENT:
-            row, col = t.start
-            code[row] = code[row][:col]
+            code[t.start[0]] = code[t.start[0]][:t.start[1]]
     return code
 
 
@@ -197,20 +192,22 @@ class PortingMap:
 
 
 def porting_map():
-    from lm_human_preferences import porting_map as data
-    return PortingMap.of(data)
+    return PortingMap.of(importlib.import_module('lm_human_preferences.porting_map'))
 
 
 # ---------------------------------------------------------------------------------------------------
 # The table: non-blank lines, code tokens and names, ours against the original's
 
+def _git_commit(root):
+    return subprocess.run(['git', '-C', str(root), 'rev-parse', 'HEAD'], capture_output=True,
+                          text=True).stdout.strip()
+
+
 def record(original_root, pmap=None):
     """The original's mirrored files: their non-blank lines, code tokens, lines past LONG_LINE columns and names,
     and the commit they come from."""
     pmap = pmap or porting_map()
-    commit = subprocess.run(['git', '-C', str(original_root), 'rev-parse', 'HEAD'], capture_output=True,
-                            text=True).stdout.strip() or None
-    files = {}
+    commit, files = _git_commit(original_root) or None, {}
     for path in sorted(pmap.mirrored):
         text = (Path(original_root) / path).read_text()
         files[path] = dict(nonblank=nonblank_lines(text), tokens=code_tokens(text), long_lines=long_lines(text),
@@ -268,11 +265,8 @@ class Row:
 
     @property
     def kind(self):
-        if self.theirs is None:
-            return 'ours'
-        if self.ours is not None:
-            return 'paired'
-        return 'not-ported' if self.reason else 'unpaired'
+        return ('ours' if self.theirs is None else 'paired' if self.ours is not None else
+                'not-ported' if self.reason else 'unpaired')
 
 
 def pairs(original_text, our_text, *, path, pmap, other_files=None):
@@ -288,8 +282,7 @@ def pairs(original_text, our_text, *, path, pmap, other_files=None):
         if not seg.name:
             partner = ours[0] if i == 0 and ours and not ours[0].name else None
             rows.append(Row(seg, partner))
-            if partner is not None:
-                matched.add(id(partner))
+            matched |= {id(partner)} if partner is not None else set()
             continue
         target = pmap.target(path, seg.name, original_names, list(by_name))
         reason = pmap.not_ported.get((path, seg.name))
@@ -298,10 +291,8 @@ def pairs(original_text, our_text, *, path, pmap, other_files=None):
             rows.append(Row(seg, moved, f'in {target[0]} as {target[1]}', reason))
             continue
         partner = by_name.get(target[1]) if target is not None else None
-        if partner is not None and id(partner) in matched:
-            partner = None
-        if partner is not None:
-            matched.add(id(partner))
+        partner = None if partner is not None and id(partner) in matched else partner
+        matched |= {id(partner)} if partner is not None else set()
         note = f'ours: {partner.name}' if partner is not None and partner.name != seg.name else ''
         rows.append(Row(seg, partner, note, reason if partner is None else None))
     # Ours alone: after the paired segment that comes before it in our file.
@@ -360,27 +351,21 @@ def similarity(rows, original_text, our_text):
 # The page
 
 _STYLE = """
-body { font-family: sans-serif; margin: 1em; }
+body { font-family: sans-serif; margin: 1em; } .legend span { padding: 0 6px; margin-right: 6px; font-size: 12px; }
 table.summary { border-collapse: collapse; margin-bottom: 1em; }
 table.summary td, table.summary th { padding: 1px 8px; text-align: right; border-bottom: 1px solid #eee; }
 table.summary td:first-child, table.summary th:first-child { text-align: left; }
-.pair { margin: 0 0 1em 0; border: 1px solid #ccc; }
+.pair { margin: 0 0 1em 0; border: 1px solid #ccc; } .pair.ours .head { background: #e8f8e8; }
 .head { background: #eef; font-family: monospace; font-size: 12px; padding: 2px 4px; }
-.head a.anchor { color: #99a; text-decoration: none; margin-right: 4px; }
-.head .sim { color: #666; margin-left: 1em; }
-.pair.ours .head { background: #e8f8e8; }
+.head a.anchor { color: #99a; text-decoration: none; margin-right: 4px; } .head .sim { color: #666; margin-left: 1em; }
 .pair.not-ported .head, .pair.unpaired .head { background: #f6f0e0; }
-.reason { font-size: 12px; padding: 3px 6px; color: #654; }
-.pair.unpaired .reason { color: #b00; font-weight: bold; }
+.reason { font-size: 12px; padding: 3px 6px; color: #654; } .pair.unpaired .reason { color: #b00; font-weight: bold; }
 table.diff { border-collapse: collapse; width: 100%; table-layout: fixed; }
 table.diff td { vertical-align: top; padding: 0 4px; font-family: monospace; font-size: 12px;
   white-space: pre-wrap; word-break: break-word; }
-table.diff td.ln { width: 3.5em; color: #999; text-align: right; user-select: none; }
-table.diff td.ln a { color: #99c; text-decoration: none; }
-tr.changed td.code { background: #fff6d5; }
-tr.removed td.left, tr.removed td.ln.left { background: #fdd; }
-tr.added td.right, tr.added td.ln.right { background: #dfd; }
-.legend span { padding: 0 6px; margin-right: 6px; font-size: 12px; }
+table.diff td.ln { color: #999; text-align: right; user-select: none; } table.diff td.ln a { color: #99c; }
+tr.changed td.code { background: #fff6d5; } tr.removed td.left { background: #fdd; }
+tr.added td.right { background: #dfd; }
 """
 
 _MARKS = {' ': 'same', '~': 'changed', '-': 'removed', '+': 'added'}
@@ -409,7 +394,7 @@ def _diff_table(rows, link):
 def _pair_html(row, file_anchor, link, alike):
     theirs, ours = row.theirs, row.ours
     name = theirs.name if theirs is not None else ours.name
-    anchor = _anchor(file_anchor, ('ours ' if theirs is None else '') + (name or f'module code {(theirs or ours).start}'))
+    anchor = _anchor(file_anchor, ('ours ' if theirs is None else '') + (name or f'module {(theirs or ours).start}'))
     shown = html.escape(name or 'module code')
     head = [f'<a class="anchor" href="#{anchor}">&para;</a><span class="name">{shown}</span>']
     if theirs is not None:
@@ -418,29 +403,18 @@ def _pair_html(row, file_anchor, link, alike):
         head.append(f' <a href="{html.escape(url)}">{span}</a>' if url else f' {span}')
     if ours is not None and theirs is not None and ours.name != theirs.name:
         head.append(f' &rarr; <span class="ours-name">{html.escape(ours.name)}</span>')
-    if row.note.startswith('in '):
-        head.append(f' ({html.escape(row.note)})')
-    if ours is not None:
-        head.append(f' <span class="ours-lines">ours {ours.start}&ndash;{ours.end}</span>')
-    if theirs is None:
-        head.append(' <span class="sim">ours alone</span>')
-    elif alike is not None:
-        head.append(f' <span class="sim">{alike:.0%} alike</span>')
-    reason = ''
-    if row.kind == 'not-ported':
-        reason = f'<div class="reason">not ported: {html.escape(row.reason)}</div>'
-    elif row.kind == 'unpaired':
-        reason = '<div class="reason">not in ours, and porting_map.py gives no reason</div>'
+    head.append(f' ({html.escape(row.note)})' if row.note.startswith('in ') else '')
+    head.append(f' <span class="ours-lines">ours {ours.start}&ndash;{ours.end}</span>' if ours is not None else '')
+    head.append(' <span class="sim">ours alone</span>' if theirs is None else
+                f' <span class="sim">{alike:.0%} alike</span>' if alike is not None else '')
+    reason = dict(unpaired='not in ours, and porting_map.py gives no reason',
+                  **{'not-ported': f'not ported: {html.escape(row.reason or "")}'}).get(row.kind)
     attrs = (f'class="pair {row.kind}" id="{anchor}" data-kind="{row.kind}" '
              f'data-original="{html.escape(theirs.name if theirs else "")}" '
              f'data-ours="{html.escape(ours.name if ours else "")}"')
-    body = _diff_table(line_diff(theirs, ours), lambda n: link(n))
+    reason = f'<div class="reason">{reason}</div>' if reason else ''
+    body = _diff_table(line_diff(theirs, ours), link)
     return f'<div {attrs}><div class="head">{"".join(head)}</div>{reason}{body}</div>'
-
-
-def _git_commit(root):
-    return subprocess.run(['git', '-C', str(root), 'rev-parse', 'HEAD'], capture_output=True,
-                          text=True).stdout.strip()
 
 
 def page(original_root, repo_root=None, pmap=None, original_url=None):

@@ -266,7 +266,7 @@ class Row:
     @property
     def kind(self):
         return ('ours' if self.theirs is None else 'paired' if self.ours is not None else
-                'not-ported' if self.reason else 'unpaired')
+                'not-ported' if self.reason else 'unpaired' if self.theirs.name else 'module-code')
 
 
 def pairs(original_text, our_text, *, path, pmap, other_files=None):

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lm_human_preferences import beside_original, porting_map
-from lm_human_preferences.beside_original import PortingMap
+from lm_human_preferences import beside_original, definition_diff, porting_map
+from lm_human_preferences.definition_diff import PortingMap
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECORDED = json.loads((REPO_ROOT / 'tests' / 'original_files.json').read_text())
@@ -75,13 +75,13 @@ def test_every_original_definition_is_paired_or_has_its_reason():
     stale += [key for key in pmap.renames if key[1] not in RECORDED['files'].get(key[0], {}).get('names', ())]
     assert not stale, stale
     for path in TRAINERS:
-        our_names = beside_original.names((REPO_ROOT / path).read_text())
+        our_names = definition_diff.names((REPO_ROOT / path).read_text())
         theirs = RECORDED['files'][path]['names']
         both = [n for n in theirs if (path, n) in pmap.not_ported and pmap.target(path, n, theirs, our_names)]
         assert not both, both
     # The reward trainer's closures are our methods of the same names.
     theirs = RECORDED['files']['lm_human_preferences/train_reward.py']['names']
-    ours = beside_original.names((REPO_ROOT / 'lm_human_preferences/train_reward.py').read_text())
+    ours = definition_diff.names((REPO_ROOT / 'lm_human_preferences/train_reward.py').read_text())
     closures = [n for n in theirs if n.startswith('RewardModelTrainer.__init__.<locals>.')]
     assert len(closures) == 9 and all(
         pmap.target('lm_human_preferences/train_reward.py', n, theirs, ours) ==
@@ -158,7 +158,7 @@ def test_porting_names_functions_that_exist():
             for p in by_stem[stem]:
                 if not folder or p.parent.as_posix().endswith(folder):
                     text = p.read_text()
-                    defined |= set(beside_original.names(text)) | set(re.findall(r'^\s*(\w+)\s*[:=]', text, re.M))
+                    defined |= set(definition_diff.names(text)) | set(re.findall(r'^\s*(\w+)\s*[:=]', text, re.M))
             if name not in defined:
                 stale.add(m.group(0))
     assert len(cells) > 100 and not stale, sorted(stale)
@@ -319,20 +319,20 @@ def original_and_port(tmp_path):
 
 
 def test_segments_and_names_of_a_file():
-    segments = beside_original.segments(ORIGINAL_MODEL)
+    segments = definition_diff.segments(ORIGINAL_MODEL)
     assert [s.name for s in segments] == ['', 'gelu', 'attn', 'tf_only', 'Model', 'Model.__init__',
                                           'Model.__call__']
     attn = segments[2]
     assert attn.text.startswith('def attn(') and '# the original' in attn.text and attn.start == 8
-    assert beside_original.names(OUR_MODEL) == ['gelu', 'added_helper', 'Attention', 'Attention.forward', 'Model',
+    assert definition_diff.names(OUR_MODEL) == ['gelu', 'added_helper', 'Attention', 'Attention.forward', 'Model',
                                                 'Model.__init__', 'Model.forward']
-    assert beside_original.in_order(['a', 'b', 'c', 'd'], ['b', 'a', 'c', 'x', 'd']) == 3
+    assert definition_diff.in_order(['a', 'b', 'c', 'd'], ['b', 'a', 'c', 'x', 'd']) == 3
 
 
 def test_closures_are_segments_of_their_own():
     """The original's __init__ keeps its own lines, its closures (with their decorators, inside `with` and `if`
     blocks) are cut out into segments named as Python's __qualname__ names them."""
-    by_name = {s.name: s for s in beside_original.segments(ORIGINAL_TRAINER)}
+    by_name = {s.name: s for s in definition_diff.segments(ORIGINAL_TRAINER)}
     assert list(by_name)[3:8] == ['Trainer.__init__', 'Trainer.__init__.<locals>.train_batch',
                                   'Trainer.__init__.<locals>.stats', 'Trainer.__init__.<locals>.graph_only',
                                   'Trainer.train']
@@ -344,7 +344,7 @@ def test_closures_are_segments_of_their_own():
 
 
 def test_the_trainer_s_closures_pair_with_our_methods():
-    rows = beside_original.pairs(ORIGINAL_TRAINER, OUR_TRAINER, path=TRAINER, pmap=FIXTURE_MAP)
+    rows = definition_diff.pairs(ORIGINAL_TRAINER, OUR_TRAINER, path=TRAINER, pmap=FIXTURE_MAP)
     shown = [(r.theirs.name if r.theirs else None, r.ours.name if r.ours else None, r.kind) for r in rows]
     assert shown == [
         ('', '', 'paired'), ('round_down', None, 'not-ported'), ('Trainer', 'Trainer', 'paired'),
@@ -357,20 +357,27 @@ def test_the_trainer_s_closures_pair_with_our_methods():
     assert rows[1].reason == 'unused by the original'
     stats = rows[5]
     marks = [(mark, left[1].strip() if left else None, right[1].strip() if right else None)
-             for mark, left, right in beside_original.line_diff(stats.theirs, stats.ours)]
+             for mark, left, right in definition_diff.line_diff(stats.theirs, stats.ours)]
     assert marks == [('~', 'def stats(rewards):', 'def stats(self, rewards):'),
                      ('~', 'mean, var = tf.nn.moments(rewards, axes=[0])',
                       'var, mean = torch.var_mean(rewards, correction=0)'),
                      ('~', 'return mean, tf.sqrt(var)', 'return mean, torch.sqrt(var)')]
+    marks = [(mark, left[1].strip() if left else None, right[1].strip() if right else None)
+             for mark, left, right in definition_diff.line_diff(rows[4].theirs, rows[4].ours)]
+    assert marks == [('-', '@utils.graph_function(indices=Schema(tf.int32, (None,)))', None),
+                     ('~', 'def train_batch(indices, lr):', 'def train_batch(self, indices, lr):'),
+                     ('~', 'loss = tf.reduce_mean(self.model(indices))', 'loss = self.model(indices).mean()'),
+                     ('~', 'return tf.train.AdamOptimizer(lr).minimize(loss)', 'loss.backward()'),
+                     ('+', None, 'self.optimizer.step()')]  # the alike lines beside each other, then in order
     train = rows[8]
-    assert {m for m, _, _ in beside_original.line_diff(train.theirs, train.ours)} == {' '}
-    alike, per_pair = beside_original.similarity(rows, ORIGINAL_TRAINER, OUR_TRAINER)
+    assert {m for m, _, _ in definition_diff.line_diff(train.theirs, train.ours)} == {' '}
+    alike, per_pair = definition_diff.similarity(rows, ORIGINAL_TRAINER, OUR_TRAINER)
     assert per_pair[id(train)] == 1.0 and 0.3 < per_pair[id(stats)] < 1 and 0 < alike < 1
 
 
 def test_the_page_sets_each_original_function_beside_ours(original_and_port):
     original, port = original_and_port
-    rows = beside_original.pairs(ORIGINAL_MODEL, OUR_MODEL, path=MODEL, pmap=FIXTURE_MAP)
+    rows = definition_diff.pairs(ORIGINAL_MODEL, OUR_MODEL, path=MODEL, pmap=FIXTURE_MAP)
     shown = [(r.theirs.name if r.theirs else None, r.ours.name if r.ours else None) for r in rows]
     assert shown == [('', ''), ('gelu', 'gelu'), (None, 'added_helper'), (None, 'Attention'),
                      ('attn', 'Attention.forward'), ('tf_only', None), ('Model', 'Model'),
@@ -422,7 +429,7 @@ def test_a_renamed_name_in_another_file_is_shown_from_there():
     original = 'def load_hparams(file):\n    return file\n'
     ours = 'def other():\n    pass\n'
     pmap = PortingMap({'a.py': 'a.py'}, renames={('a.py', 'load_hparams'): 'b.py:load_hparams'})
-    rows = beside_original.pairs(original, ours, path='a.py', pmap=pmap,
+    rows = definition_diff.pairs(original, ours, path='a.py', pmap=pmap,
                                  other_files=lambda p: 'def load_hparams(path):\n    return path\n')
     alone, moved = rows  # ours alone, before any paired segment: first
     assert alone.kind == 'ours' and alone.ours.name == 'other'

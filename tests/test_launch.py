@@ -1,6 +1,6 @@
 """Tests for utils/launch.py and the top-level launch.py: experiments, command line, worker groups.
 
-The 2-process tests also cover the multi-process side of utils/core.py's distributed helpers and
+The 2-process tests also cover the multi-process side of utils/distributed.py's collectives and
 utils/gcs.py's rank-0-downloads rule.
 """
 import atexit

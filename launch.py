@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Experiments of the paper and the command line to run them (port of the original launch.py).
 
-    python launch.py train_reward sentiment my_run [--dry_run] [--mpi N] [--procs P] [--save_dir DIR] [--labels.num_train 64 ...]
+    python launch.py train_reward sentiment my_run [--dry_run] [--mpi N] [--procs P] [--save_dir DIR] [--lr 1e-4 ...]
     python launch.py train_policy descriptiveness my_run [--rewards.trained_model DIR --rewards.train_new_model off]
     python launch.py train_policy demo my_run    # the offline demo: minutes on a CPU, nothing downloaded
     python launch.py train_policy sentiment_mini my_run    # the sentiment task in miniature, offline too

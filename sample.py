@@ -19,7 +19,7 @@ from lm_human_preferences import lm_tasks, sample_commands, train_policy
 from lm_human_preferences.language import trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import command_line, launch, workers
+from lm_human_preferences.utils import command_line, launch, passes, ranks, workers
 
 
 def sample_policy(save_dir=None, savescope='policy', temperature=1.0, seed=None, batch_size=4, nsamples=0):
@@ -27,7 +27,7 @@ def sample_policy(save_dir=None, savescope='policy', temperature=1.0, seed=None,
     hparams.override_from_json_file(os.path.join(save_dir, 'train_policy_hparams.json'))
     task = hparams.task
 
-    nsamples_per_rank = utils.exact_div(nsamples, utils.get_world_size())
+    nsamples_per_rank = utils.exact_div(nsamples, ranks.get_world_size())
     # savescope picks the model inside an original TF checkpoint (which held policy, ref_policy and
     # reward_model); the original accepted it but always loaded 'policy'.
     m = trained_models.TrainedModel(name='sample', savedir=os.path.join(save_dir, 'policy'), scope=savescope)
@@ -47,7 +47,7 @@ def sample_policy(save_dir=None, savescope='policy', temperature=1.0, seed=None,
 
     def rank_batch():  # in each rank's section: its queries, its random streams
         queries = query_sampler()['tokens']
-        with torch.no_grad(), utils.autocast(hparams.run.use_bf16()):
+        with torch.no_grad(), passes.autocast(hparams.run.use_bf16()):
             rollouts = policy.respond(queries, length=task.response_length)
         return queries, rollouts['responses']
 
@@ -56,7 +56,7 @@ def sample_policy(save_dir=None, savescope='policy', temperature=1.0, seed=None,
     generated = 0
     while nsamples_per_rank == 0 or generated < nsamples_per_rank:
         # The ranks this process carries, one after another (each prints its own, as the original's ranks).
-        for queries, responses in utils.for_each_rank(rank_batch):
+        for queries, responses in ranks.for_each_rank(rank_batch):
             assert len(queries.tolist()) == batch_size
             assert len(responses.tolist()) == batch_size
             for q, r in zip(queries.tolist(), responses.tolist()):

@@ -24,7 +24,7 @@ from common import GPT2_124M, device, machine_info, random_trained_model
 from lm_human_preferences import lm_tasks, train_policy
 from lm_human_preferences.language import bf16, trained_models
 from lm_human_preferences.policy import Policy
-from lm_human_preferences.utils import core
+from lm_human_preferences.utils import passes
 
 TINY = dict(n_vocab=50257, n_ctx=128, n_embd=64, n_head=2, n_layer=2)
 
@@ -60,9 +60,9 @@ def random_policies(shape, query_length, response_length):
 
 def logprobs(policy, queries, responses, projection):
     """The policy's logprobs of responses under bf16 autocast, with the given n_vocab projection."""
-    with torch.no_grad(), core.autocast(True, device()):
+    with torch.no_grad(), passes.autocast(True, device()):
         if projection == 'fp32 mode':
-            with core.autocast(False, device()):
+            with passes.autocast(False, device()):
                 return policy.analyze_responses(queries, responses)['logprobs']
         if projection == 'this device':
             return policy.analyze_responses(queries, responses)['logprobs']

@@ -152,8 +152,8 @@ def measure_matmul_peak(dtype, *, sizes=(1024, 2048), seconds=2.0):
 # ----------------------------------------------------------------------------------------------
 
 def amp(enabled):
-    from lm_human_preferences.utils import core  # the port's autocast, for both sides
-    return core.autocast(enabled, device())
+    from lm_human_preferences.utils import passes  # the port's autocast, for both sides
+    return passes.autocast(enabled, device())
 
 
 def random_tokens(m, batch, length, generator):
@@ -327,8 +327,8 @@ class OursImpl:
         from lm_human_preferences import train_policy
         from lm_human_preferences.policy import Policy
         from lm_human_preferences.rewards import RewardModelTrainer
-        from lm_human_preferences.utils import core
-        self.core, self.m, self.w = core, m, w
+        from lm_human_preferences.utils import passes
+        self.passes, self.m, self.w = passes, m, w
         tm = random_trained_model(m)
         dev = device()
         self.policy = self.ref_policy = self.reward_model = self.trainer = None
@@ -356,17 +356,17 @@ class OursImpl:
                 score_fn=train_policy.make_score_fn(hp.task, score_model=score_model), hparams=hp)
 
     def line_sample(self, rollouts, bf16):
-        with torch.no_grad(), self.core.autocast(bf16):
+        with torch.no_grad(), self.passes.autocast(bf16):
             return self.policy.respond(rollouts['queries'], self.w.response_length)
 
     def line_logprobs(self, rollouts, bf16):
-        with torch.no_grad(), self.core.autocast(bf16):
+        with torch.no_grad(), self.passes.autocast(bf16):
             a = self.policy.analyze_responses(rollouts['queries'], rollouts['responses'])
             b = self.ref_policy.analyze_responses(rollouts['queries'], rollouts['responses'])
         return a, b
 
     def line_reward(self, rollouts, bf16):
-        with torch.no_grad(), self.core.autocast(bf16):
+        with torch.no_grad(), self.passes.autocast(bf16):
             return self.reward_model.get_rewards(rollouts['queries'], rollouts['responses'])
 
     def line_train(self, rollouts, bf16):

@@ -1,313 +1,225 @@
-"""Ours: the port beside the original, file by file and function by function.
+"""Ours: the port beside the original, as a reviewer's diff, file by file and definition by definition.
 
-    python -m lm_human_preferences.beside_original ORIGINAL --out beside.html    # the page
+    python -m lm_human_preferences.beside_original ORIGINAL --out beside.html [--original-url URL]
     python -m lm_human_preferences.beside_original ORIGINAL --record tests/original_files.json
     python -m lm_human_preferences.beside_original --table tests/original_files.json
 
-ORIGINAL is a checkout of openai/lm-human-preferences (nothing is downloaded). Which of our files translates
-each original file, and which name each renamed function took, is PORTING.md's: its module map and its table
-of renamed names. The page sets each original function, class and method beside ours; what we add to a file
-follows the function it comes after in our file. --record writes the original's names and non-blank line
-counts (with its commit), which --table and tests/test_beside_original.py hold our files against.
+ORIGINAL is a checkout of openai/lm-human-preferences (nothing is downloaded); the map is porting_map.py. The
+page pairs each original function, class, method and closure (the original's trainers define their steps
+inside __init__, ours as methods) with ours, with a line diff inside each pair. --record writes the original's
+names, non-blank lines and code tokens (with its commit), which --table and the tests hold our files against.
 """
 
 import argparse
-import ast
 import html
+import importlib
+import io
 import json
 import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
+import tokenize
 from pathlib import Path
 
+from lm_human_preferences.definition_diff import PortingMap, in_order, line_diff, names, pairs, similarity
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
+LONG_LINE = 120  # columns: the port's style; lines past it are counted against the original's
 
 
 def nonblank_lines(text):
     return sum(1 for line in text.splitlines() if line.strip())
 
 
-@dataclass
-class Segment:
-    """A piece of a file: a function, a class's own lines (its header and fields), a method, or module code."""
-    name: str  # 'f', 'Class', 'Class.method'; module code: '' (never paired but the first)
-    start: int  # 1-based, inclusive: its decorators and the comment lines right above it included
-    end: int
-    text: str
+def long_lines(text):
+    return sum(1 for line in text.splitlines() if len(line) > LONG_LINE)
 
 
-def _start_line(node, lines):
-    start = min([node.lineno] + [d.lineno for d in getattr(node, 'decorator_list', [])])
-    while start > 1 and lines[start - 2].lstrip().startswith('#'):
-        start -= 1
-    return start
+def code_tokens(text):
+    """Python tokens but comments and layout: the volume of code, whatever its line lengths (a docstring is one)."""
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    return sum(1 for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type not in skip)
 
 
-def segments(text):
-    """The file's segments in order: every top-level function and class (each method a segment of its own),
-    and the module code between them."""
-    lines = text.splitlines()
-    out = []
-
-    def add(name, start, end):
-        out.append(Segment(name, start, end, '\n'.join(lines[start - 1:end])))
-
-    def walk(body, prefix, stop):
-        position = None  # the first line of the module code not yet in a segment
-        for node in body:
-            defines = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-            start = _start_line(node, lines) if defines else node.lineno
-            if not defines:
-                position = start if position is None else position
-                continue
-            if position is not None and not prefix:
-                add('', position, start - 1)
-            position = None
-            if isinstance(node, ast.ClassDef):
-                methods = [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-                head_end = _start_line(methods[0], lines) - 1 if methods else node.end_lineno
-                add(prefix + node.name, start, head_end)
-                walk(node.body, prefix + node.name + '.', node.end_lineno)
-            else:
-                add(prefix + node.name, start, node.end_lineno)
-        if position is not None and not prefix:
-            add('', position, stop)
-
-    walk(ast.parse(text).body, '', len(lines))
-    return [s for s in out if s.text.strip()]
-
-
-def names(text):
-    """The functions, classes and methods a file defines, in order ('Class.method' for a method)."""
-    return [s.name for s in segments(text) if s.name]
-
-
-def in_order(original, ours):
-    """How many of the names both lists hold keep the original's order: the longest common subsequence."""
-    shared = set(original) & set(ours)
-    a, b = [n for n in original if n in shared], [n for n in ours if n in shared]
-    row = [0] * (len(b) + 1)
-    for x in a:
-        diagonal = 0
-        for j, y in enumerate(b):
-            diagonal, row[j + 1] = row[j + 1], diagonal + 1 if x == y else max(row[j + 1], row[j])
-    return row[-1]
+def porting_map():
+    return PortingMap.of(importlib.import_module('lm_human_preferences.porting_map'))
 
 
 # ---------------------------------------------------------------------------------------------------
-# PORTING.md: the module map and the renamed names
+# The table: non-blank lines, code tokens and names, ours against the original's
 
-def _cells(line):
-    return [c.strip() for c in line.strip().strip('|').split('|')]
-
-
-def _table(porting, heading):
-    """The rows of the first table under `## heading` in PORTING.md, as lists of cells."""
-    section = porting.split(f'\n## {heading}\n', 1)
-    if len(section) < 2:
-        raise ValueError(f'PORTING.md has no section "## {heading}"')
-    rows = [line for line in section[1].split('\n## ', 1)[0].splitlines() if line.startswith('|')]
-    return [_cells(r) for r in rows[2:]]  # past the header and its rule
+def _git_commit(root):
+    return subprocess.run(['git', '-C', str(root), 'rev-parse', 'HEAD'], capture_output=True,
+                          text=True).stdout.strip()
 
 
-def _paths(cell):
-    """The paths a module-map cell names: `a/{b,c}.py` is a/b.py and a/c.py; patterns (`*`) name none."""
-    paths = []
-    for code in re.findall(r'`([^`]+)`', cell):
-        m = re.fullmatch(r'(.*)\{([^}]*)\}(.*)', code)
-        expanded = [m.group(1) + part + m.group(3) for part in m.group(2).split(',')] if m else [code]
-        paths += [p for p in expanded if p.endswith('.py') and '*' not in p]
-    return paths
-
-
-def module_map(porting):
-    """{original path: our path} from PORTING.md's module map ('same': the same path)."""
-    mapping = {}
-    for cells in _table(porting, 'Module map'):
-        originals = _paths(cells[0])
-        if not originals:
-            continue
-        ours = originals if cells[1] == 'same' else _paths(cells[1])
-        if len(ours) == len(originals):
-            mapping.update(zip(originals, ours))
-    return mapping
-
-
-def renames(porting):
-    """{(original path, original name): (our path or None for the same file, our name)} from PORTING.md's
-    table of renamed names: `path` | `name` | `ours` where ours is `Name` or `our/path.py:Name`."""
-    out = {}
-    for cells in _table(porting, 'Renamed names'):
-        path, name, ours = (re.sub(r'`', '', c) for c in cells[:3])
-        our_path, _, our_name = ours.rpartition(':')
-        out[(path, name)] = (our_path or None, our_name)
-    return out
-
-
-def our_name(renamed, path, name):
-    """The name the original `name` of `path` has in our file of it (None where it moved to another file)."""
-    target = renamed.get((path, name))
-    if target is None:
-        return name
-    return target[1] if target[0] is None else None
-
-
-# ---------------------------------------------------------------------------------------------------
-# The table: non-blank lines and names, ours against the original's
-
-def record(original_root):
-    """The original's mirrored files (those of PORTING.md's module map): their non-blank lines and names, and
-    the commit they come from."""
-    porting = (REPO_ROOT / 'PORTING.md').read_text()
-    commit = subprocess.run(['git', '-C', str(original_root), 'rev-parse', 'HEAD'], capture_output=True,
-                            text=True).stdout.strip() or None
-    files = {}
-    for path in sorted(module_map(porting)):
+def record(original_root, pmap=None):
+    """The original's mirrored files: their non-blank lines, code tokens, lines past LONG_LINE columns and names,
+    and the commit they come from."""
+    pmap = pmap or porting_map()
+    commit, files = _git_commit(original_root) or None, {}
+    for path in sorted(pmap.mirrored):
         text = (Path(original_root) / path).read_text()
-        files[path] = dict(nonblank=nonblank_lines(text), names=names(text))
+        files[path] = dict(nonblank=nonblank_lines(text), tokens=code_tokens(text), long_lines=long_lines(text),
+                           names=names(text))
     return dict(repository='openai/lm-human-preferences', commit=commit, files=files)
 
 
-def table(recorded, repo_root=REPO_ROOT):
-    """One row per mirrored file: its original's and our non-blank lines, the ratio, the original's names our
-    file holds (renames applied) and how many of them keep the original's order."""
-    porting = (Path(repo_root) / 'PORTING.md').read_text()
-    mapping, renamed = module_map(porting), renames(porting)
+def table(recorded, repo_root=None, pmap=None):
+    """One row per mirrored file: its original's and our non-blank lines and code tokens, their ratios, our lines
+    past LONG_LINE columns against the original's, the original's names our file pairs, how many keep the
+    original's order, and those neither paired nor given a reason."""
+    pmap, repo_root = pmap or porting_map(), repo_root or REPO_ROOT
     rows = []
     for path, theirs in recorded['files'].items():
-        text = (Path(repo_root) / mapping[path]).read_text()
-        ours_names = names(text)
-        wanted = [n for n in (our_name(renamed, path, n) for n in theirs['names']) if n]
-        found = [n for n in wanted if n in ours_names]
-        rows.append(dict(file=path, ours=mapping[path], original_lines=theirs['nonblank'],
-                         our_lines=nonblank_lines(text), ratio=nonblank_lines(text) / theirs['nonblank'],
-                         names=len(theirs['names']), found=len(found), in_order=in_order(found, ours_names)))
+        ours_path = pmap.mirrored[path]
+        text = (Path(repo_root) / ours_path).read_text()
+        our_names = names(text)
+        targets = {n: pmap.target(path, n, theirs['names'], our_names) for n in theirs['names']}
+        here = [t[1] for t in targets.values() if t is not None and t[0] is None and t[1] in our_names]
+        elsewhere = [n for n, t in targets.items() if t is not None and t[0] is not None]
+        unexplained = [n for n, t in targets.items()
+                       if (t is None or (t[0] is None and t[1] not in our_names)) and (path, n) not in pmap.not_ported]
+        lines, tokens = nonblank_lines(text), code_tokens(text)
+        rows.append(dict(file=path, ours=ours_path, original_lines=theirs['nonblank'], our_lines=lines,
+                         ratio=lines / theirs['nonblank'], original_tokens=theirs['tokens'], our_tokens=tokens,
+                         token_ratio=tokens / theirs['tokens'], original_long=theirs['long_lines'],
+                         our_long=long_lines(text), names=len(theirs['names']), found=len(here) + len(elsewhere),
+                         in_order=in_order(here, our_names), here=len(here), unexplained=unexplained))
     return rows
 
 
 def format_table(rows):
-    lines = ['| file | original | ours | ratio | names found / in order |', '|---|---:|---:|---:|---|']
+    lines = ['| file | lines: original | ours | ratio | code tokens: ratio | names paired / in order |',
+             '|---|---:|---:|---:|---:|---|']
     for r in rows:
         lines.append(f"| {r['file']} | {r['original_lines']} | {r['our_lines']} | {r['ratio']:.2f}x | "
-                     f"{r['found']}/{r['names']}, {r['in_order']} in order |")
+                     f"{r['token_ratio']:.2f}x | {r['found']}/{r['names']}, {r['in_order']} in order |")
     total_o, total_u = sum(r['original_lines'] for r in rows), sum(r['our_lines'] for r in rows)
-    lines.append(f'| all {len(rows)} mirrored files | {total_o:,} | {total_u:,} | {total_u / total_o:.2f}x | |')
+    tokens_o, tokens_u = sum(r['original_tokens'] for r in rows), sum(r['our_tokens'] for r in rows)
+    lines.append(f'| all {len(rows)} mirrored files | {total_o:,} | {total_u:,} | {total_u / total_o:.2f}x | '
+                 f'{tokens_u / tokens_o:.2f}x | |')
     return '\n'.join(lines)
 
 
 # ---------------------------------------------------------------------------------------------------
 # The page
 
-def pairs(original_text, our_text, *, path, renamed, other_files):
-    """Rows (original segment or None, our segment or None, note) setting each original segment beside ours,
-    in the original's order; our segments that no original one names follow the paired one before them in
-    our file. other_files(path) -> our text of another file, for names that moved there."""
-    theirs, ours = segments(original_text), segments(our_text)
-    by_name = {s.name: s for s in ours if s.name}
-    matched = {}  # id(our segment) -> original segment
-    rows = []
-    for i, seg in enumerate(theirs):
-        target = renamed.get((path, seg.name)) if seg.name else None
-        if not seg.name:
-            partner = ours[0] if i == 0 and ours and not ours[0].name else None
-            note = ''
-        elif target is not None and target[0] is not None:  # moved to another of our files
-            moved = {s.name: s for s in segments(other_files(target[0])) if s.name}.get(target[1])
-            rows.append((seg, moved, f'in {target[0]} as {target[1]}'))
-            continue
-        else:
-            name = seg.name if target is None else target[1]
-            partner = by_name.get(name)
-            note = '' if target is None or partner is None else f'ours: {name}'
-        if partner is not None and id(partner) in matched:
-            partner = None
-        if partner is not None:
-            matched[id(partner)] = seg
-        rows.append((seg, partner, note))
-    # Ours alone: after the paired segment that comes before it in our file.
-    after, anchor = {}, None
-    for seg in ours:
-        if id(seg) in matched:
-            anchor = id(seg)
-        else:
-            after.setdefault(anchor, []).append(seg)
-    out = [(None, s, 'ours') for s in after.get(None, [])]
-    for theirs_seg, ours_seg, note in rows:
-        out.append((theirs_seg, ours_seg, note))
-        if ours_seg is not None and id(ours_seg) in matched:
-            out += [(None, s, 'ours') for s in after.get(id(ours_seg), [])]
-    return out
-
-
 _STYLE = """
-body { font-family: sans-serif; margin: 1em; }
-table.side { border-collapse: collapse; width: 100%; table-layout: fixed; margin-bottom: 2em; }
-table.side td { vertical-align: top; border-top: 1px solid #ccc; padding: 0; width: 50%; }
-table.side td.note { width: auto; }
-pre { margin: 0; padding: 2px 4px; font-size: 12px; white-space: pre-wrap; word-break: break-word; }
-.name { background: #eef; font-family: monospace; font-size: 12px; padding: 1px 4px; }
-.ours-only pre, .ours-only .name { background: #f4fff4; }
-.missing { color: #888; font-style: italic; padding: 4px; font-size: 12px; }
-.ln { color: #aaa; user-select: none; }
-table.summary td, table.summary th { padding: 1px 8px; text-align: right; }
-table.summary td:first-child { text-align: left; }
+body { font-family: sans-serif; margin: 1em; } .legend span { padding: 0 6px; margin-right: 6px; font-size: 12px; }
+table.summary { border-collapse: collapse; margin-bottom: 1em; }
+table.summary td, table.summary th { padding: 1px 8px; text-align: right; border-bottom: 1px solid #eee; }
+table.summary td:first-child, table.summary th:first-child { text-align: left; }
+.pair { margin: 0 0 1em 0; border: 1px solid #ccc; } .pair.ours .head { background: #e8f8e8; }
+.head { background: #eef; font-family: monospace; font-size: 12px; padding: 2px 4px; }
+.head a.anchor { color: #99a; text-decoration: none; margin-right: 4px; } .head .sim { color: #666; margin-left: 1em; }
+.pair.not-ported .head, .pair.unpaired .head { background: #f6f0e0; }
+.reason { font-size: 12px; padding: 3px 6px; color: #654; } .pair.unpaired .reason { color: #b00; font-weight: bold; }
+table.diff { border-collapse: collapse; width: 100%; table-layout: fixed; }
+table.diff td { vertical-align: top; padding: 0 4px; font-family: monospace; font-size: 12px;
+  white-space: pre-wrap; word-break: break-word; }
+table.diff td.ln { color: #999; text-align: right; user-select: none; } table.diff td.ln a { color: #99c; }
+tr.changed td.code { background: #fff6d5; } tr.removed td.left { background: #fdd; }
+tr.added td.right { background: #dfd; }
 """
 
-
-def _code(seg):
-    if seg is None:
-        return ''
-    width = len(str(seg.end))
-    body = '\n'.join(f'<span class="ln">{n:>{width}}</span> {html.escape(line)}'
-                     for n, line in zip(range(seg.start, seg.end + 1), seg.text.splitlines()))
-    return f'<div class="name">{html.escape(seg.name or "module code")}</div><pre>{body}</pre>'
+_MARKS = {' ': 'same', '~': 'changed', '-': 'removed', '+': 'added'}
 
 
-def page(original_root, repo_root=REPO_ROOT):
-    """The HTML page setting each mirrored original file beside ours (PORTING.md's map)."""
-    original_root, repo_root = Path(original_root), Path(repo_root)
-    porting = (repo_root / 'PORTING.md').read_text()
-    mapping, renamed = module_map(porting), renames(porting)
-    missing = [p for p in mapping if not (original_root / p).is_file()]
-    if len(missing) == len(mapping):
-        raise ValueError(f'{original_root} holds none of the original files PORTING.md maps (e.g. {missing[0]}): '
+def _anchor(*parts):
+    return '--'.join(re.sub(r'[^\w.]+', '-', p.replace('.<locals>.', '.')).strip('-') for p in parts)
+
+
+def _diff_table(rows, link):
+    """link(line number) -> the URL of the original's line, or None."""
+    out = []
+    for mark, left, right in rows:
+        def cells(side, line, linked):
+            if line is None:
+                return f'<td class="ln {side}"></td><td class="code {side}"></td>'
+            n, text = line
+            url = link(n) if linked else None
+            number = f'<a href="{html.escape(url)}">{n}</a>' if url else str(n)
+            return f'<td class="ln {side}">{number}</td><td class="code {side}">{html.escape(text)}</td>'
+        out.append(f'<tr class="{_MARKS[mark]}">{cells("left", left, True)}{cells("right", right, False)}</tr>')
+    return f'<table class="diff"><colgroup><col style="width:3.5em"><col><col style="width:3.5em"><col></colgroup>' \
+           f'{"".join(out)}</table>'
+
+
+def _pair_html(row, file_anchor, link, alike):
+    theirs, ours = row.theirs, row.ours
+    name = theirs.name if theirs is not None else ours.name
+    anchor = _anchor(file_anchor, ('ours ' if theirs is None else '') + (name or f'module {(theirs or ours).start}'))
+    shown = html.escape(name or 'module code')
+    head = [f'<a class="anchor" href="#{anchor}">&para;</a><span class="name">{shown}</span>']
+    if theirs is not None:
+        span = f'original lines {theirs.start}&ndash;{theirs.end}'
+        url = link(theirs.start, theirs.end)
+        head.append(f' <a href="{html.escape(url)}">{span}</a>' if url else f' {span}')
+    if ours is not None and theirs is not None and ours.name != theirs.name:
+        head.append(f' &rarr; <span class="ours-name">{html.escape(ours.name)}</span>')
+    head.append(f' ({html.escape(row.note)})' if row.note.startswith('in ') else '')
+    head.append(f' <span class="ours-lines">ours {ours.start}&ndash;{ours.end}</span>' if ours is not None else '')
+    head.append(' <span class="sim">ours alone</span>' if theirs is None else
+                f' <span class="sim">{alike:.0%} alike</span>' if alike is not None else '')
+    reason = dict(unpaired='not in ours, and porting_map.py gives no reason',
+                  **{'not-ported': f'not ported: {html.escape(row.reason or "")}'}).get(row.kind)
+    attrs = (f'class="pair {row.kind}" id="{anchor}" data-kind="{row.kind}" '
+             f'data-original="{html.escape(theirs.name if theirs else "")}" '
+             f'data-ours="{html.escape(ours.name if ours else "")}"')
+    reason = f'<div class="reason">{reason}</div>' if reason else ''
+    body = _diff_table(line_diff(theirs, ours), link)
+    return f'<div {attrs}><div class="head">{"".join(head)}</div>{reason}{body}</div>'
+
+
+def page(original_root, repo_root=None, pmap=None, original_url=None):
+    """The HTML page: each mirrored original file beside ours as a diff by definitions (porting_map.py).
+    original_url: the original's repository on the web (its lines are linked at the checkout's commit)."""
+    original_root, repo_root = Path(original_root), Path(repo_root or REPO_ROOT)
+    pmap = pmap or porting_map()
+    missing = [p for p in pmap.mirrored if not (original_root / p).is_file()]
+    if len(missing) == len(pmap.mirrored):
+        raise ValueError(f'{original_root} holds none of the original files porting_map.py maps (e.g. {missing[0]}): '
                          f'is it a checkout of openai/lm-human-preferences?')
+    commit = _git_commit(original_root)
     summary, sections = [], []
-    for path, ours_path in mapping.items():
+    for path, ours_path in pmap.mirrored.items():
         if path in missing:
             continue
         original_text, our_text = (original_root / path).read_text(), (repo_root / ours_path).read_text()
-        rows = pairs(original_text, our_text, path=path, renamed=renamed,
+        rows = pairs(original_text, our_text, path=path, pmap=pmap,
                      other_files=lambda p: (repo_root / p).read_text())
-        theirs_names = names(original_text)
-        wanted = [n for n in (our_name(renamed, path, n) for n in theirs_names) if n]
-        our_names = names(our_text)
-        found = [n for n in wanted if n in our_names]
+        alike, per_pair = similarity(rows, original_text, our_text)
+
+        def link(start, end=None, path=path):
+            if not (original_url and commit):
+                return None
+            return f'{original_url.rstrip("/")}/blob/{commit}/{path}#L{start}' + (f'-L{end}' if end else '')
+
+        file_anchor = _anchor(path)
+        counts = {k: sum(1 for r in rows if r.kind == k and (r.theirs or r.ours).name)
+                  for k in ('paired', 'not-ported', 'unpaired', 'ours')}
         o, u = nonblank_lines(original_text), nonblank_lines(our_text)
-        anchor = re.sub(r'\W', '-', path)
-        summary.append(f'<tr><td><a href="#{anchor}">{html.escape(path)}</a></td><td>{o}</td><td>{u}</td>'
-                       f'<td>{u / o:.2f}x</td><td>{len(found)}/{len(theirs_names)}</td>'
-                       f'<td>{in_order(found, our_names)}</td></tr>')
-        cells = []
-        for theirs, ours, note in rows:
-            left = _code(theirs) if theirs is not None else ''
-            right = _code(ours) if ours is not None else '<div class="missing">not in ours (PORTING.md says why)</div>'
-            if note and note != 'ours':
-                right = f'<div class="missing">{html.escape(note)}</div>' + right
-            cls = ' class="ours-only"' if theirs is None else ''
-            cells.append(f'<tr{cls}><td>{left}</td><td>{right}</td></tr>')
-        sections.append(f'<h2 id="{anchor}">{html.escape(path)} &harr; {html.escape(ours_path)}</h2>'
-                        f'<p>{o} non-blank lines &harr; {u} ({u / o:.2f}x)</p>'
-                        f'<table class="side"><tr><th>original</th><th>ours</th></tr>{"".join(cells)}</table>')
-    commit = subprocess.run(['git', '-C', str(original_root), 'rev-parse', '--short', 'HEAD'], capture_output=True,
-                            text=True).stdout.strip()
-    head = (f'<h1>lm-human-preferences beside its PyTorch port</h1><p>original: {html.escape(str(original_root))}'
-            + (f' at {html.escape(commit)}' if commit else '') + '; each original function beside ours, by '
-            'PORTING.md (green: ours alone, after the function it follows in our file).</p>'
-            '<table class="summary"><tr><th>file</th><th>original</th><th>ours</th><th>ratio</th>'
-            f'<th>names found</th><th>in order</th></tr>{"".join(summary)}</table>')
+        to, tu = code_tokens(original_text), code_tokens(our_text)
+        summary.append(f'<tr><td><a href="#{file_anchor}">{html.escape(path)}</a></td><td>{o}</td><td>{u}</td>'
+                       f'<td>{u / o:.2f}x</td><td>{tu / to:.2f}x</td><td>{alike:.0%}</td>'
+                       f'<td>{counts["paired"]}</td><td>{counts["not-ported"]}</td><td>{counts["unpaired"]}</td>'
+                       f'<td>{counts["ours"]}</td></tr>')
+        blocks = ''.join(_pair_html(r, file_anchor, link, per_pair.get(id(r))) for r in rows)
+        title = html.escape(path) + ('' if ours_path == path else f' &harr; {html.escape(ours_path)}')
+        sections.append(f'<h2 id="{file_anchor}">{title}</h2><p>{o} non-blank lines &harr; {u} ({u / o:.2f}x); '
+                        f'code tokens {tu / to:.2f}x; {alike:.0%} alike</p>{blocks}')
+    source = html.escape(str(original_root)) + (f' at {html.escape(commit[:12])}' if commit else '')
+    legend = ('<p class="legend"><span style="background:#fff6d5">changed</span><span style="background:#fdd">'
+              'only the original\'s</span><span style="background:#dfd">only ours</span> unmarked: the same line '
+              '(indentation aside). Each original definition (closures included) beside ours; ours alone follow '
+              'the pair before them in our file. Alike: the share of code tokens (comments aside) the pair shares; '
+              'a file\'s counts ours alone too.</p>')
+    head = (f'<h1>lm-human-preferences beside its PyTorch port</h1><p>original: {source}</p>{legend}'
+            '<table class="summary"><tr><th>file</th><th>lines: original</th><th>ours</th><th>ratio</th>'
+            '<th>code tokens</th><th>alike</th><th>pairs</th><th>not ported (why)</th><th>unpaired</th>'
+            f'<th>ours alone</th></tr>{"".join(summary)}</table>')
     return (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>beside the original</title>'
             f'<style>{_STYLE}</style></head><body>{head}{"".join(sections)}</body></html>')
 
@@ -316,6 +228,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('original', nargs='?', help='a checkout of openai/lm-human-preferences')
     parser.add_argument('--out', help='write the side-by-side page here')
+    parser.add_argument('--original-url', help="link the original's lines to this repository's web pages at the "
+                        "checkout's commit (e.g. https://github.com/openai/lm-human-preferences)")
     parser.add_argument('--record', help="write the original's names and line counts here (JSON)")
     parser.add_argument('--table', help='print our files against the names and counts recorded here')
     args = parser.parse_args(argv)
@@ -324,13 +238,15 @@ def main(argv=None):
         return
     if args.original is None or not os.path.isdir(args.original):
         parser.error(f'ORIGINAL {args.original!r}: give the folder of a checkout of openai/lm-human-preferences')
+    if args.original_url and not re.match(r'https?://', args.original_url):
+        parser.error(f'--original-url {args.original_url!r}: an http(s) URL of the original repository')
     if args.record:
         Path(args.record).write_text(json.dumps(record(args.original), indent=1) + '\n')
         print(args.record)
     if args.out or not args.record:
         out = args.out or 'beside_original.html'
         try:
-            Path(out).write_text(page(args.original))
+            Path(out).write_text(page(args.original, original_url=args.original_url))
         except ValueError as e:
             sys.exit(f'error: {e}')
         print(out)

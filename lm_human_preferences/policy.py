@@ -5,7 +5,7 @@ from torch import nn
 
 from lm_human_preferences import lm_tasks
 from lm_human_preferences.language import bf16, model, sample, vocab_sampling
-from lm_human_preferences.utils import core as utils
+from lm_human_preferences.utils import categorical, passes
 
 
 class Policy(nn.Module):
@@ -101,7 +101,7 @@ class Policy(nn.Module):
                                   room=length - 1, check_inputs=past is None, lm_logits=vocab is None)
 
         results = []
-        for piece in utils.microbatches(len(contexts), microbatch_size):
+        for piece in passes.microbatches(len(contexts), microbatch_size):
             result = sample.sample_sequence(
                 step=step,
                 context=contexts[piece],
@@ -119,7 +119,7 @@ class Policy(nn.Module):
                 **({'logprobs': result['logprobs']} if logprobs else {}),
                 values=result['values'],
             ))
-        return utils.cat_pieces(results)
+        return passes.cat_pieces(results)
 
     def analyze_responses(self, queries, responses):
         """Logprobs and entropies of responses under logits / temperature, and the (unscaled) values,
@@ -145,7 +145,7 @@ class Policy(nn.Module):
 
         logits = logits / self.temperature
         # Ours: the original's logprobs_from_logits and entropy_from_logits in one (fewer passes over the logits)
-        logprobs, entropies = utils.logprobs_and_entropies_from_logits(logits=logits, labels=responses)
+        logprobs, entropies = categorical.logprobs_and_entropies_from_logits(logits=logits, labels=responses)
         return dict(
             logprobs=logprobs,
             entropies=entropies,

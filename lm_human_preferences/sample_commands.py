@@ -18,8 +18,8 @@ from lm_human_preferences import offline_experiments, train_policy
 from lm_human_preferences.language import checkpoints, hf_export
 from lm_human_preferences.offline import experiment as offline_experiment
 from lm_human_preferences.offline import report as offline_report
-from lm_human_preferences.training import plots, run
-from lm_human_preferences.utils import command_line, hyperparams, workers
+from lm_human_preferences.training import plots, run_folders
+from lm_human_preferences.utils import command_line, hyperparams, ranks, workers
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils.command_line import ConfigError
 
@@ -86,9 +86,9 @@ def check_sample_options(save_dir, savescope, temperature, seed, batch_size, nsa
 def print_what_is_sampled(m, task, *, temperature, seed, batch_size, nsamples):
     """One line saying what sample_policy samples (the original printed the whole HParams repr and the model's
     hparams)."""
-    nsamples_per_rank = utils.exact_div(nsamples, utils.get_world_size())
-    if utils.is_root():
-        total = utils.ceil_div(nsamples_per_rank, batch_size) * batch_size * utils.get_world_size()
+    nsamples_per_rank = utils.exact_div(nsamples, ranks.get_world_size())
+    if ranks.is_root():
+        total = utils.ceil_div(nsamples_per_rank, batch_size) * batch_size * ranks.get_world_size()
         count = ('samples forever (--nsamples 0)' if nsamples == 0 else f'{total} samples' if total == nsamples else
                  f'{total} samples (--nsamples {nsamples} in whole batches of --batch_size {batch_size})')
         print(f'sample: {count} of {m.checkpoint()} at temperature {temperature:g}, seed '
@@ -113,7 +113,7 @@ def launch_export(save_dir=None, out=None, savescope='policy', force=False):
         hparams = train_policy.HParams()
         hparams.override_from_json_file(hparams_path)
         task = hparams.task
-    held = run.run_folder_of(out)  # never, with --force neither: its files would lie among the run's
+    held = run_folders.run_folder_of(out)  # never, with --force neither: its files would lie among the run's
     if held is not None:
         where = 'is' if held[0] == os.path.realpath(out) else 'is inside'
         raise ValueError(f'{out} {where} the run folder {held[0]} (it holds {held[1]}): export into a folder of '

@@ -17,13 +17,18 @@ from lm_human_preferences.language import sample, trained_models
 from lm_human_preferences.online import loop as online_loop
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import TrainedRewardModel
-from lm_human_preferences.training import memory, run_checks, train_state
+from lm_human_preferences.training import execution, memory, run_checks, train_state
 from lm_human_preferences.training.adam import AdamTF
 from lm_human_preferences.training.execution import Execution
-from lm_human_preferences.training.run import Progress, Run
+from lm_human_preferences.training.progress import Progress
+from lm_human_preferences.training.run import Run
 from lm_human_preferences.training.side_by_side import RankBlocks
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import hyperparams
+from lm_human_preferences.utils import finite, hyperparams, passes, ranks
+
+# Ours: the hparams a rerun may change and still resume (training/run.Run): the port's run.* ones, and where the
+# online loop serves its labeling page.
+RERUN_MAY_CHANGE = execution.RERUN_MAY_CHANGE + ('online.host', 'online.port')
 
 
 @dataclass
@@ -261,7 +266,7 @@ class PPOTrainer:
         self.sample_queries = lambda: self.query_sampler()['tokens'].to(self.device)
 
         # per rank sizes
-        self.per_rank_rollout_batch_size = utils.exact_div(hparams.ppo.batch_size, utils.get_world_size())
+        self.per_rank_rollout_batch_size = utils.exact_div(hparams.ppo.batch_size, ranks.get_world_size())
         self.per_rank_minibatch_size = utils.exact_div(self.per_rank_rollout_batch_size, hparams.ppo.nminibatches)
         # Ours: the ranks this process carries, side by side in every batch: rank local_ranks()[i] holds
         # rows i * per_rank .. (i + 1) * per_rank - 1 (training/side_by_side.py).
@@ -271,7 +276,7 @@ class PPOTrainer:
         self.optimizer = AdamTF(self.policy.parameters(), lr=hparams.ppo.lr, eps=1e-5)
 
         # Ours: the training/run.Run that logs the stats (None: one that saves nothing).
-        self.run = run if run is not None else Run(hparams, 'train_policy')
+        self.run = run if run is not None else Run(hparams, 'train_policy', may_change=RERUN_MAY_CHANGE)
         self.progress = None  # ours: the `[ppo_step]` line's total and ETA, from the first step run
         self.rollout_forward = None  # ours, bf16 mode: see forward_for_first_minibatch
         # elapsed/time and elapsed/fps (the original's tf_times): since start and since the last batch.
@@ -304,7 +309,7 @@ class PPOTrainer:
         if self.progress is None:
             self.progress = Progress(nupdates(hparams), start=self.global_step, started=step_started_at)
         self.progress.done = self.global_step + 1
-        if utils.is_root():
+        if ranks.is_root():
             # Ours: how many of how many are done (a count: step 0 done is 1 done), and the ETA.
             print(f"[ppo_step {self.global_step}] step_time={step_time:.2f}s, "
                   f"eps/s={eps_per_second:.2f} ({self.progress()})")
@@ -317,7 +322,7 @@ class PPOTrainer:
         microbatch_size = self.execution.microbatch_size
 
         # Ours: each rank's queries and sampling draws, from its own query shard and streams.
-        queries, uniforms = utils.side_by_side(lambda: sample.queries_and_draws(
+        queries, uniforms = ranks.concat_ranks(lambda: sample.queries_and_draws(
             self.sample_queries(), hparams.task.response_length))
 
         with torch.no_grad(), self.execution.autocast():
@@ -328,7 +333,7 @@ class PPOTrainer:
             # Ours: under bf16 the old logprobs and values are the loss's forward's, so that the ratio starts at 1
             rollouts = dict(rollouts, **self.forward_for_first_minibatch(queries, responses))
         with torch.no_grad(), self.execution.autocast():
-            ref_logprobs = utils.microbatched(
+            ref_logprobs = passes.microbatched(
                 self.ref_policy.analyze_responses, microbatch_size, queries, responses)['logprobs']
             # Scored: the postprocessed (truncated) responses; PPO trains on the untruncated ones.
             scores, postprocessed_responses, score_stats = self.score_fn(queries, responses)
@@ -336,7 +341,7 @@ class PPOTrainer:
         ref_logprobs = ref_logprobs.float()
         scores = scores.float()
         score_stats = {k: v.float() for k, v in score_stats.items()}
-        utils.check_finite(self.global_step, scores=scores)  # ours: a broken reward model stops here
+        finite.check_finite(self.global_step, scores=scores)  # ours: a broken reward model stops here
 
         rewards, non_score_reward = compute_rewards(
             scores=scores, logprobs=logprobs, ref_logprobs=ref_logprobs, kl_coef=kl_coef)
@@ -349,10 +354,10 @@ class PPOTrainer:
     def forward_for_first_minibatch(self, queries, responses):
         """Ours, bf16 mode: the "old" logprobs and values by the loss's forward; its graph kept where the first
         minibatch is the whole batch in one pass, so that train() does not run it twice."""
-        whole = self.hparams.ppo.nminibatches == 1 and len(utils.microbatches(len(queries),
+        whole = self.hparams.ppo.nminibatches == 1 and len(passes.microbatches(len(queries),
                                                                               self.execution.microbatch_size)) == 1
         with torch.set_grad_enabled(whole), self.execution.autocast():
-            outputs = utils.microbatched(self.policy.analyze_responses, self.execution.microbatch_size,
+            outputs = passes.microbatched(self.policy.analyze_responses, self.execution.microbatch_size,
                                          queries, responses)
         self.rollout_forward = outputs if whole else None
         return dict(logprobs=outputs['logprobs'].detach(), values=outputs['values'].detach())
@@ -389,8 +394,8 @@ class PPOTrainer:
         # The gradients' mean over ranks (the original's allreduce in `minimize`); no gradient clipping.
         utils.mpi_allreduce_mean_grads(self.policy.parameters())
         # Ours: stop before a non-finite update is applied (and so before it could be saved).
-        utils.check_finite(self.global_step, **utils.per_rank('loss', stats['loss/total']),
-                           grad_norm=utils.grad_norm(self.policy.parameters()))
+        finite.check_finite(self.global_step, **finite.per_rank('loss', stats['loss/total']),
+                           grad_norm=finite.grad_norm(self.policy.parameters()))
         self.optimizer.step()
         return stats
 
@@ -409,7 +414,7 @@ class PPOTrainer:
 
         n = len(values)
         row_stats = []
-        for piece in utils.microbatches(n, self.execution.microbatch_size):
+        for piece in passes.microbatches(n, self.execution.microbatch_size):
             outputs = forward
             if outputs is None:
                 with self.execution.autocast():
@@ -477,7 +482,7 @@ class PPOTrainer:
         return self.run.stats.log(stats, step)
 
     def print_samples(self, queries, responses, scores, logprobs, ref_logprobs):
-        if not utils.is_root():
+        if not ranks.is_root():
             return
         if self.global_step % self.hparams.run.log_interval != 0:
             return
@@ -511,7 +516,7 @@ def make_score_fn(hparams, score_model, microbatch_size=None):
 
     def score_fn(queries, responses):
         responses = postprocess(responses)
-        score = penalize(responses, utils.microbatched(score_model.score_fn, microbatch_size, queries, responses))
+        score = penalize(responses, passes.microbatched(score_model.score_fn, microbatch_size, queries, responses))
         return score, responses, dict(score=score)
     return score_fn
 
@@ -539,7 +544,7 @@ def train(hparams: HParams):
     chain_reward_model(hparams)
 
     # Ours: the save dir (locked; a dir holding another run is refused), its files and stats (training/run.py).
-    with Run(hparams, 'train_policy') as run:
+    with Run(hparams, 'train_policy', may_change=RERUN_MAY_CHANGE) as run:
         if hparams.rewards.train_new_model:
             train_reward.train(hparams.rewards.train_new_model)
             utils.mpi_bcast(None)  # rank 0 saved the reward model: every process waits for it
@@ -563,10 +568,10 @@ def train(hparams: HParams):
 
         query_sampler = lm_tasks.make_query_sampler(
             hparams=hparams.task, encoder=encoder,
-            batch_size=utils.exact_div(hparams.ppo.batch_size, utils.get_world_size()),
+            batch_size=utils.exact_div(hparams.ppo.batch_size, ranks.get_world_size()),
         )
 
-        run_checks.check_policy_ranks(hparams, utils.get_world_size())  # at launch already; for callers of train()
+        run_checks.check_policy_ranks(hparams, ranks.get_world_size())  # at launch already; for callers of train()
 
         ppo_trainer = PPOTrainer(
             policy=policy, ref_policy=ref_policy, query_sampler=query_sampler,

@@ -14,11 +14,12 @@ from lm_human_preferences.policy import Policy
 from lm_human_preferences.training import (label_files, memory, reward_evaluation, reward_loss, run_checks,
                                           train_state)
 from lm_human_preferences.training.adam import AdamTF
-from lm_human_preferences.training.execution import Execution, PortRunHParams
-from lm_human_preferences.training.run import Progress, Run
+from lm_human_preferences.training.execution import RERUN_MAY_CHANGE, Execution, PortRunHParams
+from lm_human_preferences.training.progress import Progress
+from lm_human_preferences.training.run import Run
 from lm_human_preferences.training.side_by_side import RankBlocks, RankGradients
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import hyperparams
+from lm_human_preferences.utils import finite, hyperparams, ranks
 
 
 @dataclass
@@ -84,7 +85,7 @@ def download_labels(source, label_type, question_schemas, total_labels, *, n_voc
                     padding_token=padding_token)
     if source != 'test':
         results = label_files.read_records(source, check)  # a URL: downloaded once into the cache, by rank 0
-        if utils.is_root():
+        if ranks.is_root():
             print('Num labels found in source:', len(results))
     else:
         results = [
@@ -111,7 +112,7 @@ class RewardModelTrainer():
         # Counted, so that a resumed run continues each rank's query stream where it was (see save()).
         self.query_sampler = None if query_sampler is None else train_state.CountingSampler(query_sampler)
         self.hparams = hparams
-        self.num_ranks = utils.get_world_size()
+        self.num_ranks = ranks.get_world_size()
         self.execution = execution or Execution.of(hparams.run)
         self.device = self.execution.device
         # Ours: the ranks this process carries, side by side in every batch (rows grouped by rank).
@@ -132,7 +133,7 @@ class RewardModelTrainer():
         self.train_buffer = utils.SampleBuffer(capacity=hparams.labels.num_train, schemas=data_schemas)
         self.held_out_labels = None
 
-        self.run = run if run is not None else Run(hparams, 'train_reward')
+        self.run = run if run is not None else Run(hparams, 'train_reward', may_change=RERUN_MAY_CHANGE)
 
         # The original's utils.minimize: the gradients' mean over ranks, then TF1 Adam, epsilon 1e-5, no clipping.
         self.optimizer = AdamTF(self.reward_model.parameters(), lr=hparams.lr, eps=1e-5)
@@ -160,8 +161,8 @@ class RewardModelTrainer():
         stats = reward_loss.loss(self, labels, train=True, ranks=len(indices))[0]  # the label type's loss, by rank
         self.rank_gradients.mean_into_grads()  # the original's gradient all-reduce (mean over ranks)
         # Ours: stop before a non-finite update is applied (and so before it could be saved).
-        utils.check_finite(self.global_step, **utils.per_rank('loss', stats['loss']),
-                           grad_norm=utils.grad_norm(self.reward_model.parameters()))
+        finite.check_finite(self.global_step, **finite.per_rank('loss', stats['loss']),
+                           grad_norm=finite.grad_norm(self.reward_model.parameters()))
         self.optimizer.step()
 
         step = self.global_step
@@ -197,7 +198,7 @@ class RewardModelTrainer():
         return means, stds
 
     def log_stats_after_normalize(self, stats):
-        if not utils.is_root():
+        if not ranks.is_root():
             return
         means, stds = stats
         print(f'after normalize: {_mean_std(means, stds)} (measured on new samples: debug_normalize '
@@ -207,11 +208,11 @@ class RewardModelTrainer():
         self.reward_model.reset_reward_scale()
 
     def set_reward_norms(self, mean, std, new_mean, new_std):
-        if utils.is_root():
+        if ranks.is_root():
             print(f'targets: {_mean_std(new_mean, new_std)}')
             print(f'before normalize: {_mean_std(mean, std)}')
         # The original asserted np.isfinite; this error names the statistic.
-        utils.check_finite(self.global_step, reward_mean=mean, reward_std=std,
+        finite.check_finite(self.global_step, reward_mean=mean, reward_std=std,
                            target_mean=new_mean, target_std=new_std)
         self.reward_model.set_reward_norm(old_mean=mean, old_std=std, new_mean=new_mean, new_std=new_std)
 
@@ -219,7 +220,7 @@ class RewardModelTrainer():
     def sample_policy_batch(self):
         """One batch of every rank this process carries, side by side, each from its own queries and streams."""
         length = self.hparams.task.response_length
-        queries, uniforms = utils.side_by_side(lambda: sample.queries_and_draws(self.query_sampler()['tokens'], length))
+        queries, uniforms = ranks.concat_ranks(lambda: sample.queries_and_draws(self.query_sampler()['tokens'], length))
         with self.execution.autocast():
             responses = self.policy.respond(queries=queries, length=length, uniforms=uniforms,
                                             execution=self.execution, logprobs=False)['responses']
@@ -229,7 +230,7 @@ class RewardModelTrainer():
         """n_samples in total: ceil(n / rollout_batch_size) batches of rollout_batch_size / num_ranks
         queries per rank, as the original, every rank this process carries side by side in each."""
         n_batches = utils.ceil_div(n_samples, self.hparams.rollout_batch_size)
-        printing, progress = utils.is_root(), Progress(n_batches)  # ours: a progress line per batch
+        printing, progress = ranks.is_root(), Progress(n_batches)  # ours: a progress line per batch
         batches = []
         for _ in range(n_batches):
             batches.append(self.sample_policy_batch())
@@ -254,7 +255,7 @@ class RewardModelTrainer():
             stats = self.stats(query_responses)
             self.log_stats_after_normalize(stats)
             result['after'] = stats
-        elif utils.is_root():  # ours: the original printed this line only with debug_normalize
+        elif ranks.is_root():  # ours: the original printed this line only with debug_normalize
             print(f'after normalize: {_mean_std(target_means, target_stds)} on those samples, by construction '
                   f'(not measured: debug_normalize N measures it on N new samples)')
         return result
@@ -288,7 +289,7 @@ class RewardModelTrainer():
                 results['normalize_before'] = self.normalize(self.sample_policy_responses, target_mean, target_std)
 
             # Make sure each rank gets the same shuffle so we train on each point exactly once (rank 0's)
-            permutations = utils.for_each_rank(lambda: np.random.permutation(self.hparams.labels.num_train))
+            permutations = ranks.for_each_rank(lambda: np.random.permutation(self.hparams.labels.num_train))
             self.train_indices = utils.mpi_bcast(permutations[0])
         train_indices = self.train_indices
 
@@ -297,7 +298,7 @@ class RewardModelTrainer():
         per_rank_batch_size = utils.exact_div(self.hparams.batch_size, self.num_ranks)
 
         # Train on train_indices, by global_step (so that a restored global_step resumes the loop)
-        if utils.is_root():
+        if ranks.is_root():
             print("training on", self.hparams.labels.num_train, "in batches of", per_rank_batch_size, "per rank")
         num_batches = utils.exact_div(self.hparams.labels.num_train, self.hparams.batch_size)
         progress = Progress(num_batches, start=self.global_step)  # ours
@@ -312,7 +313,7 @@ class RewardModelTrainer():
             results['train'] = self.train_batch(our_indices, lr)
             progress.done = self.global_step
             due = progress.due()  # ours: a line every log_interval steps and at least every PRINT_EVERY_S seconds
-            if utils.is_root() and (self.global_step % self.hparams.run.log_interval == 0 or due):
+            if ranks.is_root() and (self.global_step % self.hparams.run.log_interval == 0 or due):
                 print(f'[reward_step {progress()}]', flush=True)
             if self.run.save_due(self.global_step):  # ours: every run.save_interval batches, and on a stop signal
                 self.save(done=False)
@@ -346,7 +347,7 @@ class RewardModelTrainer():
 def train(hparams: HParams):
     """Ours: returns RewardModelTrainer.train()'s results; rerun on the same save dir, it resumes there."""
     # Ours: the save dir (locked; a dir holding another run is refused), its files and stats (training/run.py).
-    with Run(hparams, 'train_reward') as run:
+    with Run(hparams, 'train_reward', may_change=RERUN_MAY_CHANGE) as run:
         utils.set_mpi_seed(hparams.run.seed)
 
         m = trained_models.TrainedModel(hparams.task.policy.initial_model)
@@ -368,7 +369,7 @@ def train(hparams: HParams):
         if ref_policy is not None:
             query_sampler = lm_tasks.make_query_sampler(
                 hparams=hparams.task, encoder=encoder,
-                batch_size=utils.exact_div(hparams.rollout_batch_size, utils.get_world_size())
+                batch_size=utils.exact_div(hparams.rollout_batch_size, ranks.get_world_size())
             )
 
         reward_trainer = RewardModelTrainer(

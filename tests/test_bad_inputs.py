@@ -30,7 +30,7 @@ from lm_human_preferences import rewards
 from lm_human_preferences.language import checkpoints, trained_models
 from lm_human_preferences.training import train_state
 from lm_human_preferences.training.adam import AdamTF
-from test_resume import NAME, TEST_TASK, finish, last_line, launch_cli, run_in_process, write_labels
+from conftest import NAME, TEST_TASK, finish, last_line, launch_cli, run_in_process, write_labels
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite only (the fast tier is -m "not slow")
 

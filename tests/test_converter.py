@@ -27,16 +27,10 @@ from lm_human_preferences.language import checkpoints, convert_tf, encodings, mo
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import RewardModelTrainer, TrainedRewardModel
 
+from conftest import (TINY, expected_state, tf_model_variables, tiny_hparams, write_model_dir_files,
+                      write_original_save_dirs, write_release, write_tf_checkpoint)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-# A tiny model in the test encoding's vocabulary (27 tokens, padding token 27).
-TINY = dict(n_vocab=27, n_ctx=32, n_embd=16, n_head=2, n_layer=2)
-
-
-def tiny_hparams(**overrides):
-    hp = model.HParams()
-    hp.override_from_dict({**TINY, **overrides})
-    return hp
 
 
 def import_tf():
@@ -46,103 +40,6 @@ def import_tf():
 @pytest.fixture(scope='module')
 def tf():
     return import_tf()
-
-
-# --- writing original-style TF checkpoints -----------------------------------------------------------
-
-def tf_model_variables(rng, prefix, *, heads=(), hp=TINY):
-    """{TF name: value} of a transformer under `prefix` (e.g. 'policy/model'), with non-trivial random
-    values: layer-norm gains around 1 and biases around 0 but not equal to them, head biases nonzero."""
-    e, n_layer = hp['n_embd'], hp['n_layer']
-    f32 = lambda *shape, scale=1.0, loc=0.0: (loc + scale * rng.randn(*shape)).astype(np.float32)
-    v = {'wte': f32(hp['n_vocab'], e, scale=0.3), 'wpe': f32(hp['n_ctx'], e, scale=0.1),
-         'ln_f/g': f32(e, scale=0.2, loc=1.0), 'ln_f/b': f32(e, scale=0.1)}
-    for i in range(n_layer):
-        v.update({
-            f'h{i}/ln_1/g': f32(e, scale=0.2, loc=1.0), f'h{i}/ln_1/b': f32(e, scale=0.1),
-            f'h{i}/attn/c_attn/w': f32(1, e, 3 * e, scale=0.3), f'h{i}/attn/c_attn/b': f32(3 * e, scale=0.1),
-            f'h{i}/attn/c_proj/w': f32(1, e, e, scale=0.2), f'h{i}/attn/c_proj/b': f32(e, scale=0.1),
-            f'h{i}/ln_2/g': f32(e, scale=0.2, loc=1.0), f'h{i}/ln_2/b': f32(e, scale=0.1),
-            f'h{i}/mlp/c_fc/w': f32(1, e, 4 * e, scale=0.3), f'h{i}/mlp/c_fc/b': f32(4 * e, scale=0.1),
-            f'h{i}/mlp/c_proj/w': f32(1, 4 * e, e, scale=0.1), f'h{i}/mlp/c_proj/b': f32(e, scale=0.1),
-        })
-    for head in heads:
-        v[f'heads/{head}/w'] = f32(e, scale=0.3)
-        v[f'heads/{head}/b'] = np.float32(rng.uniform(0.2, 0.8))
-    return {f'{prefix}/{k}': val for k, val in v.items()}
-
-
-def adam_slots(variables):
-    """The original's AdamOptimizer(name='adam') slots and counters for these variables."""
-    slots = {}
-    for name, value in variables.items():
-        slots[f'{name}/adam'] = np.full_like(value, 0.01)
-        slots[f'{name}/adam_1'] = np.full_like(value, 0.02)
-    slots.update({'beta1_power': np.float32(0.9), 'beta2_power': np.float32(0.999)})
-    return slots
-
-
-def write_tf_checkpoint(tf, prefix, variables, *, global_step=None):
-    """Save {name: value} with a TF1 Saver (relative paths, as the original's trainers) under prefix;
-    writes the `checkpoint` state file beside it. Returns the saved prefix."""
-    os.makedirs(os.path.dirname(prefix), exist_ok=True)
-    with tf.Graph().as_default():
-        tf_vars = [tf.compat.v1.get_variable(name, initializer=tf.constant(value)) for name, value in variables.items()]
-        saver = tf.compat.v1.train.Saver(var_list=tf_vars, save_relative_paths=True)
-        with tf.compat.v1.Session() as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            return saver.save(sess, prefix, global_step=global_step)
-
-
-def write_model_dir_files(model_dir, hp=TINY, *, encoding=None, full_hparams=True):
-    os.makedirs(model_dir, exist_ok=True)
-    hparams = tiny_hparams(**hp).to_nested_dict() if full_hparams else dict(hp)
-    with open(os.path.join(model_dir, 'hparams.json'), 'w') as f:
-        json.dump(hparams, f, indent=2)
-    if encoding is not None:
-        with open(os.path.join(model_dir, 'encoding'), 'w') as f:
-            json.dump(encoding, f, indent=2)  # as the original trainers wrote it
-
-
-def write_release(tf, model_dir, rng, hp=TINY):
-    """A GPT-2 release dir: hparams.json (5 keys), checkpoint, model.ckpt.{index,data,meta}."""
-    variables = tf_model_variables(rng, 'model', hp=hp)
-    write_model_dir_files(model_dir, hp, full_hparams=False)
-    write_tf_checkpoint(tf, os.path.join(model_dir, 'model.ckpt'), variables)
-    return variables
-
-
-def write_original_save_dirs(tf, root, rng):
-    """The save dirs the original's train_reward and train_policy wrote: <root>/reward_model (one
-    checkpoint with ref_policy, reward_model and optimizer state) and <root>/policy (policy,
-    ref_policy, the score model's reward_model, global_step 7). Returns the dirs and their variables."""
-    ref_policy = tf_model_variables(rng, 'ref_policy/model', heads=['value'])
-    reward = tf_model_variables(rng, 'reward_model/model', heads=['reward'])
-    reward.update({'reward_model/reward_norm/gain': np.float32(1.7), 'reward_model/reward_norm/bias': np.float32(-0.4)})
-    reward_dir = os.path.join(root, 'reward_model')
-    write_model_dir_files(reward_dir, encoding='test')
-    write_tf_checkpoint(tf, os.path.join(reward_dir, 'checkpoints', 'model.ckpt'), {
-        **ref_policy, **reward, **adam_slots(reward),
-        'global_step': np.int64(0), 'train_step': np.int64(12)})
-
-    policy = tf_model_variables(rng, 'policy/model', heads=['value'])
-    score = {k: v + np.float32(0.05) for k, v in reward.items()}  # the score model: a different copy
-    policy_dir = os.path.join(root, 'policy')
-    write_model_dir_files(policy_dir, encoding='test')
-    write_tf_checkpoint(tf, os.path.join(policy_dir, 'checkpoints', 'model.ckpt'), {
-        **policy, **ref_policy, **score, **adam_slots(policy), 'global_step': np.int64(7)}, global_step=7)
-    return dict(reward_dir=reward_dir, policy_dir=policy_dir, reward=reward, policy=policy, score=score,
-                ref_policy=ref_policy)
-
-
-def expected_state(variables, scope):
-    """Our keys and values for the variables of one scope: what conversion must produce."""
-    out = {}
-    for name, value in variables.items():
-        rel = name[len(scope) + 1:] if scope else name
-        value = np.asarray(value)
-        out[convert_tf.torch_name(rel)] = value[0] if value.ndim == 3 else value
-    return out
 
 
 def assert_state_equal(state, expected):

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from lm_human_preferences.utils import categorical, passes, ranks
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import ranks
+from lm_human_preferences.utils import finite
 from lm_human_preferences.training import adam
 
 
@@ -189,7 +190,7 @@ def test_entropy_and_logprobs():
     np.testing.assert_allclose(utils.logprobs_from_logits(logits=logits, labels=labels).numpy(), want, rtol=1e-10)
     # Both from one log-softmax (policy.analyze_responses): the same values, the entropy outside autograd.
     logits.requires_grad_(True)
-    logprobs, entropies = utils.logprobs_and_entropies_from_logits(logits=logits, labels=labels)
+    logprobs, entropies = categorical.logprobs_and_entropies_from_logits(logits=logits, labels=labels)
     np.testing.assert_allclose(logprobs.detach().numpy(), want, rtol=1e-10)
     np.testing.assert_allclose(entropies.numpy(), (-(p * p.log()).sum(-1)).numpy(), rtol=1e-10)
     assert logprobs.requires_grad and not entropies.requires_grad
@@ -242,27 +243,27 @@ def _running_sum_sample(logits, uniform):
 
 
 def test_sample_from_logits_two_levels_is_the_running_sums_sample():
-    """The running sum in blocks (utils.SAMPLE_BLOCK) samples what the one running sum samples from the same
+    """The running sum in blocks (categorical.SAMPLE_BLOCK) samples what the one running sum samples from the same
     uniforms, over a vocabulary of many blocks and a partial one, with non-finite logits among them."""
     g = torch.Generator().manual_seed(0)
-    logits = 3 * torch.randn(64, 5 * utils.SAMPLE_BLOCK + 17, generator=g)
+    logits = 3 * torch.randn(64, 5 * categorical.SAMPLE_BLOCK + 17, generator=g)
     logits[:, ::7] = -math.inf
     logits[:5, 100:] = -math.inf  # rows whose mass is all in the first block
     uniform = torch.rand(64, dtype=torch.float64, generator=g)
-    samples, has_finite = utils.sample_from_logits_unchecked(logits, uniform=uniform)
+    samples, has_finite = categorical.sample_from_logits_unchecked(logits, uniform=uniform)
     assert has_finite.all()
     assert torch.equal(samples, _running_sum_sample(logits, uniform))
     # At the ends of [0, 1): the first and the last token of positive weight, never one of weight 0 (the
     # blocks' float32 sums and the float64 running sums within a block may round apart at the end).
-    ends = torch.full((2, utils.SAMPLE_BLOCK + 3), -math.inf)
-    ends[:, 2:utils.SAMPLE_BLOCK] = 0.0
-    samples, _ = utils.sample_from_logits_unchecked(ends, uniform=torch.tensor([0.0, 1 - 2 ** -53], dtype=torch.float64))
-    assert samples.tolist() == [2, utils.SAMPLE_BLOCK - 1]
+    ends = torch.full((2, categorical.SAMPLE_BLOCK + 3), -math.inf)
+    ends[:, 2:categorical.SAMPLE_BLOCK] = 0.0
+    samples, _ = categorical.sample_from_logits_unchecked(ends, uniform=torch.tensor([0.0, 1 - 2 ** -53], dtype=torch.float64))
+    assert samples.tolist() == [2, categorical.SAMPLE_BLOCK - 1]
     # A target the block's running sums do not reach (its float32 sum rounded above them): its last token of
     # positive weight (index 1: index 2 adds 0), not the one past the end nor one of weight 0.
     cdf = torch.tensor([[1.0, 2.0, 2.0]], dtype=torch.float64)
-    assert utils._search_running_sum(cdf, torch.tensor([[2.0 + 1e-12]], dtype=torch.float64)).item() == 1
-    assert utils._search_running_sum(cdf, torch.tensor([[1.0]], dtype=torch.float64)).item() == 1  # upper bound
+    assert categorical.search_running_sum(cdf, torch.tensor([[2.0 + 1e-12]], dtype=torch.float64)).item() == 1
+    assert categorical.search_running_sum(cdf, torch.tensor([[1.0]], dtype=torch.float64)).item() == 1  # upper bound
 
 
 def test_pearson_r():
@@ -289,8 +290,8 @@ def test_flat_stats():
 
 def test_single_process_distributed_helpers():
     # Without a process group everything behaves as one MPI rank.
-    assert utils.get_rank() == 0 and utils.get_world_size() == 1 and utils.is_root()
-    assert list(utils.local_ranks()) == [0]
+    assert ranks.get_rank() == 0 and ranks.get_world_size() == 1 and ranks.is_root()
+    assert list(ranks.local_ranks()) == [0]
     x = torch.tensor([1.0, 2.0])
     assert utils.mpi_allreduce_sum([x]) is x
     assert utils.mpi_allreduce_mean([3.5]) == 3.5
@@ -320,13 +321,13 @@ def test_ranks_carried_by_one_process():
     from section to section) and share in the reductions; the process's own stream is apart."""
     import random
     with ranks.carry(3):
-        assert utils.get_world_size() == 3 and list(utils.local_ranks()) == [0, 1, 2]
-        assert utils.get_rank() == 0 and utils.is_root()  # outside the sections: the first rank carried
+        assert ranks.get_world_size() == 3 and list(ranks.local_ranks()) == [0, 1, 2]
+        assert ranks.get_rank() == 0 and ranks.is_root()  # outside the sections: the first rank carried
         utils.set_mpi_seed(5)
-        first = utils.for_each_rank(lambda: (utils.get_rank(), utils.is_root(), torch.rand(2).tolist(),
+        first = ranks.for_each_rank(lambda: (ranks.get_rank(), ranks.is_root(), torch.rand(2).tolist(),
                                              np.random.rand(), random.random()))
         assert [f[:2] for f in first] == [(0, True), (1, False), (2, False)]
-        second = utils.for_each_rank(lambda: torch.rand(2).tolist())
+        second = ranks.for_each_rank(lambda: torch.rand(2).tolist())
         process_draw = torch.rand(2).tolist()
         # Each rank's stream is the one a process of its own would have: seeded seed + 100003 * rank.
         for rank, (f, s) in enumerate(zip(first, second)):
@@ -344,10 +345,10 @@ def test_ranks_carried_by_one_process():
         with pytest.raises(TypeError, match="the list of the values of this process's 3 ranks, got list of 2"):
             utils.mpi_allreduce_sum([1, 2])
         with pytest.raises(RuntimeError, match="collective over processes: call it outside the rank sections"):
-            utils.for_each_rank(lambda: utils.sync_params([p]))
+            ranks.for_each_rank(lambda: utils.sync_params([p]))
         with pytest.raises(RuntimeError, match='rank sections do not nest'):
-            utils.for_each_rank(lambda: utils.for_each_rank(lambda: None))
-    assert utils.get_world_size() == 1  # the layout ends with the block
+            ranks.for_each_rank(lambda: ranks.for_each_rank(lambda: None))
+    assert ranks.get_world_size() == 1  # the layout ends with the block
 
 
 def test_chunk_tensors():
@@ -483,24 +484,24 @@ def test_record_stats(tmp_path, capsys):
 
 
 def test_autocast():
-    with utils.autocast(True):
+    with passes.autocast(True):
         y = torch.nn.functional.linear(torch.randn(2, 3, device=utils.get_device()), torch.randn(4, 3, device=utils.get_device()))
     assert y.dtype == torch.bfloat16
-    with utils.autocast(False):
+    with passes.autocast(False):
         y = torch.nn.functional.linear(torch.randn(2, 3), torch.randn(4, 3))
     assert y.dtype == torch.float32
 
 
 def test_check_finite():
-    utils.check_finite(3, loss=torch.tensor(1.0), rewards=torch.randn(5), grad_norm=2.0)
-    with pytest.raises(utils.NonFiniteError, match=r'^non-finite loss at step 7: nan;'):
-        utils.check_finite(7, loss=torch.tensor(float('nan')))
-    with pytest.raises(utils.NonFiniteError, match=r'non-finite rewards at step 2: non-finite \(1 of 3 values, e.g. -inf\)'):
-        utils.check_finite(2, loss=1.0, rewards=torch.tensor([0.0, -float('inf'), 1.0]))
+    finite.check_finite(3, loss=torch.tensor(1.0), rewards=torch.randn(5), grad_norm=2.0)
+    with pytest.raises(finite.NonFiniteError, match=r'^non-finite loss at step 7: nan;'):
+        finite.check_finite(7, loss=torch.tensor(float('nan')))
+    with pytest.raises(finite.NonFiniteError, match=r'non-finite rewards at step 2: non-finite \(1 of 3 values, e.g. -inf\)'):
+        finite.check_finite(2, loss=1.0, rewards=torch.tensor([0.0, -float('inf'), 1.0]))
     net = torch.nn.Linear(2, 1)
     net(torch.tensor([[1.0, float('inf')]])).sum().backward()
-    with pytest.raises(utils.NonFiniteError, match='non-finite grad_norm at step 0'):
-        utils.check_finite(0, grad_norm=utils.grad_norm(net.parameters()))
+    with pytest.raises(finite.NonFiniteError, match='non-finite grad_norm at step 0'):
+        finite.check_finite(0, grad_norm=finite.grad_norm(net.parameters()))
     net.zero_grad()
     net(torch.tensor([[3.0, 4.0]])).sum().backward()
-    assert utils.grad_norm(net.parameters()).item() == pytest.approx((9 + 16 + 1) ** 0.5)
+    assert finite.grad_norm(net.parameters()).item() == pytest.approx((9 + 16 + 1) ** 0.5)

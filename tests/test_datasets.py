@@ -20,7 +20,7 @@ import torch
 
 from lm_human_preferences.datasets import books, cnndm, local, tldr
 from lm_human_preferences.language import datasets, encodings, query_streams
-from lm_human_preferences.utils import gcs, launch
+from lm_human_preferences.utils import gcs, launch, ranks
 
 P = 27  # the test encoding's padding token ('a'..'z' are 0..25, '.' is 26)
 
@@ -155,11 +155,10 @@ def test_finite_repeat_count_drops_the_remainder():
 
 
 def _shard_worker(root, out_dir):
-    from lm_human_preferences.utils import core
     data = datasets.get_dataset(f'local:{root}').torch_dataset(
         16, mode='train', encoder=encodings.Test.get_encoder(), start_token=26, end_token=26)
-    batches = core.for_each_rank(lambda: data.next_batch(3))
-    for rank, batch in zip(core.local_ranks(), batches):
+    batches = ranks.for_each_rank(lambda: data.next_batch(3))
+    for rank, batch in zip(ranks.local_ranks(), batches):
         np.save(os.path.join(out_dir, f'rank{rank}.npy'), batch.numpy())
     with pytest.raises(RuntimeError, match='inside their rank sections'):
         data.next_batch(3)  # which rank's? this process carries two

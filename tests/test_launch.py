@@ -1,6 +1,6 @@
 """Tests for utils/launch.py and the top-level launch.py: experiments, command line, worker groups.
 
-The 2-process tests also cover the multi-process side of utils/core.py's distributed helpers and
+The 2-process tests also cover the multi-process side of utils/distributed.py's collectives and
 utils/gcs.py's rank-0-downloads rule.
 """
 import atexit
@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lm_human_preferences.utils import core, gcs, hyperparams, launch, ranks, workers
+from lm_human_preferences.utils import core, distributed, gcs, hyperparams, launch, ranks, workers
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -332,9 +332,9 @@ class _Handler(BaseHTTPRequestHandler):
 def _collectives_worker(out_dir, base_url):
     process = ranks.process_index()
     assert dist.is_initialized() and dist.get_backend() == 'gloo' and dist.get_world_size() == 2
-    assert core.get_world_size() == 4 and list(core.local_ranks()) == [2 * process, 2 * process + 1]
+    assert ranks.get_world_size() == 4 and list(ranks.local_ranks()) == [2 * process, 2 * process + 1]
     assert os.environ['LOCAL_RANK'] == str(process)
-    mine = list(core.local_ranks())
+    mine = list(ranks.local_ranks())
     res = {}
     res['sum'] = core.mpi_allreduce_sum([torch.tensor([r + 1.0, 10.0]) for r in mine]).tolist()
     res['mean'] = core.mpi_allreduce_mean([torch.tensor([r + 1.0]) for r in mine]).tolist()
@@ -342,13 +342,13 @@ def _collectives_worker(out_dir, base_url):
     res['float_sum'] = core.mpi_allreduce_sum([0.5 + r for r in mine])
     res['bcast_obj'] = core.mpi_bcast({'from': process})
     res['bcast_tensor'] = core.mpi_bcast(torch.full((2,), float(process))).tolist()
-    res['is_root'] = core.is_root()
-    res['ranks_in_sections'] = core.for_each_rank(lambda: (core.get_rank(), core.is_root()))
-    res['all_gathered'] = core.all_gather_ranks([f'r{r}' for r in mine])
+    res['is_root'] = ranks.is_root()
+    res['ranks_in_sections'] = ranks.for_each_rank(lambda: (ranks.get_rank(), ranks.is_root()))
+    res['all_gathered'] = distributed.all_gather_ranks([f'r{r}' for r in mine])
     with pytest.raises(TypeError, match="the list of the values of this process's 2 ranks"):
         core.mpi_allreduce_sum(torch.zeros(1))
     with pytest.raises(RuntimeError, match='collective over processes'):
-        core.for_each_rank(lambda: core.mpi_bcast(1))
+        ranks.for_each_rank(lambda: core.mpi_bcast(1))
 
     torch.manual_seed(100 + process)  # different initial weights in each process
     model = torch.nn.Linear(3, 2)
@@ -362,7 +362,7 @@ def _collectives_worker(out_dir, base_url):
     res['grad'] = model.weight.grad.flatten().tolist()
     res['bias_grad'] = model.bias.grad
     core.set_mpi_seed(1)
-    res['seeded'] = core.for_each_rank(lambda: torch.rand(1).item())
+    res['seeded'] = ranks.for_each_rank(lambda: torch.rand(1).item())
     res['process_stream'] = torch.rand(1).item()
     # gcs: rank 0 downloads, the others use its file; an error reaches every rank.
     res['path'] = gcs.download_file_cached(base_url + '/data.txt', cache_dir=os.path.join(out_dir, 'cache'))
@@ -437,7 +437,7 @@ def test_raising_worker_ends_launch(capsys, gloo, kind):
 
 def _group_check(out_path):
     with open(out_path, 'w') as f:
-        json.dump([dist.is_initialized(), dist.get_world_size(), core.get_world_size(), list(core.local_ranks())], f)
+        json.dump([dist.is_initialized(), dist.get_world_size(), ranks.get_world_size(), list(ranks.local_ranks())], f)
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ from lm_human_preferences.language import convert_tf, encodings, model, trained_
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import RewardModelTrainer, TrainedRewardModel
 
-from test_converter import TINY, write_original_save_dirs, write_release
+from conftest import TINY, write_original_save_dirs, write_release
 
 PAD = 27  # the test encoding's padding token
 TEMPERATURE = 0.7

@@ -11,45 +11,18 @@ save dir of another run are refused: tests/test_bad_inputs.py.
 """
 import json
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
-from unittest import mock
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import (NAME, assert_killed, finish, kill_when_exists, launch_cli, policy_args, run_in_process,
+                      tiny_task, write_corpus, write_labels)
+from conftest import REPO_ROOT, env  # noqa: F401  (test_online.py imports these from here)
 from lm_human_preferences.training import train_state
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-import launch as top_launch  # noqa: E402  (the top-level launch.py)
-
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite only (the fast tier is -m "not slow")
-
-NAME = 'run'  # launch.py saves into <--save_dir>/<name>
-
-def tiny_task(dataset='test'):
-    """The experiments' task shrunk onto the test model."""
-    return ['--task.policy.initial_model', 'test', '--task.query_dataset', dataset, '--task.query_length', '2',
-            '--task.response_length', '3', '--task.start_text=', '--task.end_text=', '--task.truncate_after', '2']
-
-
-TEST_TASK = tiny_task()
-
-
-def write_corpus(directory, n_passages=400, *, seed=0):
-    """A `local:` query dataset: its queries are a fixed shuffled array, so a resumed run gets the right
-    ones only if the query position is restored (the `test` dataset draws from the restored RNG)."""
-    rng = np.random.RandomState(seed)
-    letters = np.array(list('abcdefghijklmnopqrstuvwxyz.'))
-    words = [''.join(rng.choice(letters, size=rng.randint(1, 9))) for _ in range(n_passages * 200)]
-    directory.mkdir()
-    (directory / 'corpus.txt').write_text(' '.join(words))
-    return f'local:{directory}'
 
 
 def reward_args(labels, dataset):
@@ -58,96 +31,6 @@ def reward_args(labels, dataset):
     return ['--labels.source', str(labels), '--labels.num_train', '320', '--batch_size', '8',
             '--rollout_batch_size', '8', '--normalize_samples', '16', '--run.seed', '1',
             '--run.save_interval', '1', '--run.log_interval', '1000', *tiny_task(dataset)]
-
-
-def policy_args(dataset):
-    """The sentiment policy experiment (adaptive KL on) with its reward model trained first, shrunk."""
-    task = tiny_task(dataset)
-    return [
-        '--rewards.train_new_model.labels.source', 'test', '--rewards.train_new_model.labels.num_train', '48',
-        '--rewards.train_new_model.batch_size', '8', '--rewards.train_new_model.rollout_batch_size', '8',
-        '--rewards.train_new_model.normalize_samples', '16', '--rewards.train_new_model.run.log_interval', '1000',
-        *[a.replace('--task.', '--rewards.train_new_model.task.') for a in task],
-        *task, '--ppo.batch_size', '8', '--ppo.total_episodes', '240', '--ppo.noptepochs', '1',
-        '--run.save_interval', '1', '--run.seed', '1', '--run.log_interval', '1000']
-
-
-def env():
-    e = dict(os.environ)
-    # One thread on the CPU: the test model is tiny, and runs to compare must compute alike.
-    e.update(OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1', CUDA_VISIBLE_DEVICES='')
-    return e
-
-
-def cli_argv(command, save_root, args, exp='sentiment'):
-    return [command, exp, NAME, '--save_dir', str(save_root), '--mpi', '1', *map(str, args)]
-
-
-def launch_cli(command, save_root, args, *, driver=None, exp='sentiment'):
-    """Start `python launch.py command exp run --save_dir save_root args...` (or the same argv under a
-    python driver script that patches something first); stdout and stderr are captured."""
-    prefix = [sys.executable, 'launch.py'] if driver is None else [sys.executable, '-c', driver, 'launch.py']
-    return subprocess.Popen(prefix + cli_argv(command, save_root, args, exp), cwd=REPO_ROOT, env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def run_in_process(command, save_root, args, exp='sentiment'):
-    """The same command line run in this process (launch.py's main; --mpi 1 runs the trainer here), on
-    one CPU thread as the subprocesses: the uninterrupted reference run, while a subprocess is killed."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with mock.patch('torch.cuda.is_available', return_value=False):  # CPU even on a GPU machine
-            top_launch.launch.main(dict(train_policy=top_launch.launch_train_policy,
-                                        train_reward=top_launch.launch_train_reward),
-                                   argv=cli_argv(command, save_root, args, exp))
-    finally:
-        torch.set_num_threads(threads)
-
-
-def finish(proc, timeout=180):
-    out, err = proc.communicate(timeout=timeout)
-    return proc.returncode, out, err
-
-
-WATCHER = """
-import os, signal, sys, time
-pid, path, timeout = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
-start = time.time()
-while not os.path.exists(path) and time.time() - start < timeout:
-    time.sleep(0.002)
-os.kill(pid, signal.SIGKILL)
-"""
-
-
-def kill_when_exists(proc, path, timeout=120):
-    """SIGKILL proc as soon as path exists, from a small watcher process (this one may be busy running
-    the reference run, holding the GIL). Returns the watcher; pass it to assert_killed."""
-    return subprocess.Popen([sys.executable, '-c', WATCHER, str(proc.pid), str(path), str(timeout)])
-
-
-def assert_killed(proc, watcher):
-    watcher.wait()
-    _, err = proc.communicate()
-    assert proc.returncode == -signal.SIGKILL, f'the run was not killed mid-way (exit code {proc.returncode}): {err[-2000:]}'
-
-
-def last_line(text):
-    lines = [line for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ''
-
-
-def write_labels(path, n, *, seed=0):
-    """best_of_4 records for the test encoding (27 tokens, padding token 27)."""
-    rng = np.random.RandomState(seed)
-
-    def tokens(length, min_real):
-        real = rng.randint(min_real, length + 1)
-        return rng.randint(0, 27, size=real).tolist() + [27] * (length - real)
-    records = [dict(query=tokens(2, 1), **{f'sample{i}': tokens(3, 0) for i in range(4)}, best=int(rng.randint(4)))
-               for _ in range(n)]
-    Path(path).write_text(json.dumps(records))
-    return path
 
 
 def assert_same_tensors(path_a, path_b, tol=1e-6):

@@ -15,9 +15,9 @@ import torch
 
 from lm_human_preferences import train_policy, train_reward
 from lm_human_preferences.language import checkpoints
-from lm_human_preferences.training import train_state, plots, run
-from lm_human_preferences.utils import optional_deps, stopping
-from test_resume import env
+from lm_human_preferences.training import execution, plots, progress, run, run_folders, stats_log, train_state
+from lm_human_preferences.utils import finite, optional_deps, stopping
+from conftest import env, write_labels
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,8 +42,8 @@ def jsonl_steps(path):
 LOCK_HOLDER = """
 import sys, time
 sys.path.insert(0, {repo!r})
-from lm_human_preferences.training import run
-with run.locked_save_dir({save_dir!r}):
+from lm_human_preferences.training import run_folders
+with run_folders.locked_save_dir({save_dir!r}):
     print('locked', flush=True)
     time.sleep(60)
 """
@@ -57,7 +57,7 @@ def test_a_save_dir_in_use_is_refused_and_a_dead_holder_taken_over(tmp_path):
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == 'locked\n'
-        with pytest.raises(run.SaveDirInUseError, match=rf'{save_dir} is in use by another run \(pid {holder.pid} '):
+        with pytest.raises(run_folders.SaveDirInUseError, match=rf'{save_dir} is in use by another run \(pid {holder.pid} '):
             train_policy.train(policy_hparams(save_dir))
         assert not (save_dir / 'train_policy_hparams.json').exists()  # refused before writing anything
     finally:
@@ -70,9 +70,9 @@ def test_a_save_dir_in_use_is_refused_and_a_dead_holder_taken_over(tmp_path):
 
 def test_lock_is_reentrant_in_one_process(tmp_path):
     # train_policy trains its reward model in the same save dir, in the same process.
-    with run.locked_save_dir(str(tmp_path)), run.locked_save_dir(str(tmp_path)):
+    with run_folders.locked_save_dir(str(tmp_path)), run_folders.locked_save_dir(str(tmp_path)):
         pass
-    with run.locked_save_dir(str(tmp_path)):  # released: taken again
+    with run_folders.locked_save_dir(str(tmp_path)):  # released: taken again
         assert (tmp_path / '.lock').exists()
     assert not (tmp_path / '.lock').exists()  # removed when released
 
@@ -88,7 +88,7 @@ def test_the_launcher_refuses_a_save_dir_in_use_before_any_worker_starts(tmp_pat
                                      'task.query_length': 2, 'task.response_length': 3, 'rewards.trained_model': 'test',
                                      'ppo.batch_size': 8, 'ppo.total_episodes': 48}.items()]
     (tmp_path / 'live').mkdir()
-    with run.locked_save_dir(str(tmp_path / 'live')):  # held as a running process holds it (another open file)
+    with run_folders.locked_save_dir(str(tmp_path / 'live')):  # held as a running process holds it (another open file)
         with pytest.raises(launch.ConfigError, match=rf"^{tmp_path / 'live'} is in use by another run \(pid "
                                                      rf"{os.getpid()} on .*give this run another NAME"):
             launch.launch_trials('live', never, [trial], train_policy.HParams, mpi=2, procs=2, save_dir=str(tmp_path))
@@ -119,16 +119,16 @@ def test_a_run_that_fails_before_its_first_state_leaves_nothing(tmp_path, monkey
 def test_a_lock_removed_between_open_and_lock_is_opened_again(tmp_path, monkeypatch):
     """A run that opened the lock file just before its holder ended (and removed it) locks a file of its own,
     not the removed one, which a third run could never see."""
-    real_flock, removed = run.fcntl.flock, []
+    real_flock, removed = run_folders.fcntl.flock, []
 
     def flock_after_the_holder_ended(f, op):
         if not removed:  # the holder ends between our open and our lock: its file is gone
             removed.append(os.fstat(f.fileno()).st_ino)
             os.unlink(tmp_path / '.lock')
         return real_flock(f, op)
-    monkeypatch.setattr(run.fcntl, 'flock', flock_after_the_holder_ended)
-    with run.locked_save_dir(str(tmp_path)):
-        held = run._held[os.path.realpath(tmp_path / '.lock')][0]
+    monkeypatch.setattr(run_folders.fcntl, 'flock', flock_after_the_holder_ended)
+    with run_folders.locked_save_dir(str(tmp_path)):
+        held = run_folders._held[os.path.realpath(tmp_path / '.lock')][0]
         assert removed and os.fstat(held.fileno()).st_ino == os.stat(tmp_path / '.lock').st_ino
 
 
@@ -158,7 +158,7 @@ def test_a_run_without_a_saved_state_starts_its_stats_again(tmp_path):
 
 
 def test_stats_log_writes_jsonl_and_tensorboard(tmp_path, capsys):
-    log = run.StatsLog(save_dir=str(tmp_path), kind='train_policy', log_interval=2)
+    log = stats_log.StatsLog(save_dir=str(tmp_path), kind='train_policy', log_interval=2)
     for step in range(3):
         assert log.log({'objective/kl': 0.5 * step, 'ppo/lr': 1e-5}, step)['objective/kl'] == 0.5 * step
     log.close()
@@ -175,7 +175,7 @@ def test_stats_log_writes_jsonl_and_tensorboard(tmp_path, capsys):
 def test_rewind_drops_later_steps_and_a_cut_last_line_with_a_warning(tmp_path):
     path = tmp_path / 'train_policy_stats.jsonl'
     path.write_text(''.join(json.dumps({'step': i, 'loss': i / 2}) + '\n' for i in range(5)) + '{"step": 5, "lo')
-    log = run.StatsLog(save_dir=str(tmp_path), kind='train_policy', log_interval=1)
+    log = stats_log.StatsLog(save_dir=str(tmp_path), kind='train_policy', log_interval=1)
     with pytest.warns(plots.StatsWarning, match=r'train_policy_stats.jsonl: dropping its last line, which is no '
                                                 r'complete stats row .*: b\'{"step": 5, "lo\'$'):
         log.read()
@@ -268,7 +268,7 @@ def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
             self.param_groups[0]['params'][0].view(-1)[0] = float('nan')
     monkeypatch.setattr(train_policy.AdamTF, 'step', step_then_break)
     save_dir = tmp_path / 'run'
-    with pytest.raises(train_policy.utils.NonFiniteError, match='non-finite policy parameters at step 1'):
+    with pytest.raises(finite.NonFiniteError, match='non-finite policy parameters at step 1'):
         train_policy.train(policy_hparams(save_dir, **{'run.save_interval': 1}))
     assert checkpoints.checkpoint_steps(save_dir / 'policy') == []
     assert train_state.train_state_steps(save_dir / 'policy') == []
@@ -517,7 +517,6 @@ def reward_hparams(save_dir, labels_path):
 
 
 def test_a_rerun_on_changed_labels_is_refused(tmp_path):
-    from test_resume import write_labels
     labels = write_labels(tmp_path / 'labels.json', 20)
     save_dir = tmp_path / 'run'
     train_reward.train(reward_hparams(save_dir, labels))
@@ -540,7 +539,6 @@ def test_a_run_that_stopped_before_training_does_not_hold_its_save_dir(tmp_path)
     """A fresh run that stopped at a bad input (here its label file) trained nothing: the corrected
     rerun, with other hparams (another label file), takes the save dir instead of being refused as
     another run; once a run has trained, other hparams are refused as before."""
-    from test_resume import write_labels
     save_dir = tmp_path / 'run'
     bad = tmp_path / 'bad.json'
     bad.write_text('[{"query": [1, 2], "sample0": ')
@@ -561,7 +559,6 @@ def test_a_run_that_stopped_before_training_does_not_hold_its_save_dir(tmp_path)
 def test_reward_progress_and_summary(tmp_path, capsys):
     """train_reward's console: progress lines (step/total, time per step, ETA) for the normalization
     sampling and the reward steps, then the end-of-run summary with its final metrics and paths."""
-    from test_resume import write_labels
     save_dir = tmp_path / 'run'
     hparams = reward_hparams(save_dir, write_labels(tmp_path / 'labels.json', 20))
     hparams.run.log_interval = 1  # a progress line every reward step (with the stats table)
@@ -596,19 +593,39 @@ def test_progress_times_the_steps_after_the_first_and_speaks_every_30_seconds(mo
     """The ETA is taken from the steps after the first (a warm-up: allocations, caches, a CUDA graph's capture),
     and a long loop prints after its first step, its last, and at least every PRINT_EVERY_S seconds."""
     clock = [1000.0]
-    monkeypatch.setattr(run.time, 'time', lambda: clock[0])
-    progress = run.Progress(10)
+    monkeypatch.setattr(progress.time, 'time', lambda: clock[0])
+    loop = progress.Progress(10)
     clock[0] += 60  # the first step: a minute of warm-up
-    progress.done = 1
-    assert progress.due() and progress() == '1/10 done, 60 s/step, ETA 9m00s'
+    loop.done = 1
+    assert loop.due() and loop() == '1/10 done, 60 s/step, ETA 9m00s'
     for step in range(2, 6):
         clock[0] += 2
-        progress.done = step
-        assert not progress.due(), step  # 8 s since the last line: nothing to say for 30 s
-    assert progress() == '5/10 done, 2 s/step, ETA 10s'  # not (60 + 8) / 5 = 13.6 s a step
+        loop.done = step
+        assert not loop.due(), step  # 8 s since the last line: nothing to say for 30 s
+    assert loop() == '5/10 done, 2 s/step, ETA 10s'  # not (60 + 8) / 5 = 13.6 s a step
     clock[0] += 40
-    progress.done = 6
-    assert progress.due()
+    loop.done = 6
+    assert loop.due()
     clock[0] += 1
-    progress.done = 10
-    assert progress.due()  # the last step
+    loop.done = 10
+    assert loop.due()  # the last step
+
+
+def test_a_rerun_may_change_the_hparams_its_trainer_names_and_no_other(tmp_path):
+    """What a rerun may change and still resume is the trainer's to say (train_policy.RERUN_MAY_CHANGE: the
+    port's run.* values that change no result, and where the online loop serves its page), not the run
+    layer's; any other changed value is refused in one line naming it."""
+    assert set(execution.RERUN_MAY_CHANGE) < set(train_policy.RERUN_MAY_CHANGE)
+    assert {'online.host', 'online.port'} < set(train_policy.RERUN_MAY_CHANGE)
+    save_dir = tmp_path / 'run'
+    with run.Run(policy_hparams(save_dir), 'train_policy', may_change=train_policy.RERUN_MAY_CHANGE):
+        pass
+    (save_dir / 'policy' / 'checkpoints').mkdir(parents=True)
+    (save_dir / 'policy' / 'checkpoints' / 'model-1.safetensors').write_bytes(b'')  # it trained: hparams held
+    changed = {'run.log_interval': 7, 'run.keep_checkpoints': 3, 'online.port': 8123}
+    with run.Run(policy_hparams(save_dir, **changed), 'train_policy', may_change=train_policy.RERUN_MAY_CHANGE):
+        pass
+    with pytest.raises(ValueError, match='ppo.lr'):
+        run.Run(policy_hparams(save_dir, **{'ppo.lr': 1e-3}), 'train_policy', may_change=train_policy.RERUN_MAY_CHANGE)
+    with pytest.raises(ValueError, match='online.port'):  # the run layer itself names nothing
+        run.Run(policy_hparams(save_dir, **{'online.port': 8124}), 'train_policy')

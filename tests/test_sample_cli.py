@@ -132,7 +132,7 @@ def test_other_errors_name_the_path(tmp_path, run_dir, sample_cli, capsys):
 @pytest.mark.slow
 def test_samples_from_an_original_tf_run_dir(tmp_path, sample_cli, capsys, monkeypatch):
     tf = pytest.importorskip('tensorflow', reason='needs tensorflow, the [tf] extra (pip install -e ".[tf]")')
-    from test_converter import expected_state, write_original_save_dirs
+    from conftest import expected_state, write_original_save_dirs
     # The original's train_policy save dir: policy/ (hparams.json, encoding, checkpoints/model.ckpt-7
     # holding policy, ref_policy and the score model) and train_policy_hparams.json with the
     # original's fields only.

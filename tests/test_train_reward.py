@@ -17,7 +17,7 @@ import torch
 from lm_human_preferences import label_types, rewards, train_reward
 from lm_human_preferences.language import checkpoints, trained_models
 from lm_human_preferences.training.side_by_side import RankGradients
-from lm_human_preferences.utils import core, gcs
+from lm_human_preferences.utils import core, gcs, passes
 from lm_human_preferences.language import bf16 as bf16_module
 from lm_human_preferences.training.adam import AdamTF
 
@@ -474,13 +474,13 @@ def test_bf16_rewards_close_to_fp32():
     Bounds: mean |diff| <= 0.02, max |diff| <= 0.25 and correlation >= 0.999: a wrong dtype path (e.g. a
     head or the gain in bf16, or no autocast at all) breaks one of them; rounding alone does not."""
     torch.manual_seed(0)
-    device = core.get_device()  # where core.autocast acts: CUDA on a GPU machine
+    device = core.get_device()  # where passes.autocast acts: CUDA on a GPU machine
     model = rewards.RewardModelTrainer(trained_models.TrainedModel('test')).to(device)
     queries = torch.randint(0, N_VOCAB, (256, 2)).to(device)
     responses = torch.randint(0, N_VOCAB + 1, (256, 3)).to(device)
     with torch.no_grad():
         fp32 = model.get_rewards(queries, responses)
-        with core.autocast(True):
+        with passes.autocast(True):
             bf16 = model.get_rewards(queries, responses)
             # autocast did act: the attention keys come from a bf16 matmul (the cache keeps them in attention's
             # dtype: fp32 on a CPU, so they are exactly bf16 values; bf16 on CUDA)

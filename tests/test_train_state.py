@@ -42,7 +42,7 @@ def counter_sampler():
     position = {}
 
     def sampler():
-        rank = core.get_rank()
+        rank = ranks.get_rank()
         position[rank] = position.get(rank, 0) + 1
         return torch.full((2, 4), float(position[rank] + 10 * rank)) + torch.rand(2, 4)
     return ckpt.CountingSampler(sampler)
@@ -57,7 +57,7 @@ def train_steps(net, opt, sampler, n):
             noise = torch.randn(2, 4) * float(np.random.rand()) * random.random()
             return net.head(net.lin(x + noise)).square().mean()
         opt.zero_grad()
-        for loss in core.for_each_rank(rank_loss):
+        for loss in ranks.for_each_rank(rank_loss):
             loss.backward()
         opt.step()
 
@@ -66,7 +66,7 @@ def draws():
     """Each rank's next random numbers, and the process's own."""
     def draw():
         return torch.rand(3).tolist(), np.random.rand(3).tolist(), [random.random() for _ in range(3)]
-    return core.for_each_rank(draw), draw()
+    return ranks.for_each_rank(draw), draw()
 
 
 def state_of(net, opt):
@@ -341,13 +341,13 @@ def _two_process_worker(save_dir, out_dir):
     core.set_mpi_seed(3)
     net, opt = make()
     core.sync_params(net)
-    core.for_each_rank(lambda: torch.rand(core.get_rank() + 1))  # the ranks' streams differ
+    ranks.for_each_rank(lambda: torch.rand(ranks.get_rank() + 1))  # the ranks' streams differ
     ckpt.save_train_state(save_dir, 1, modules=dict(net=net), optimizer=opt)
     result = dict(want=draws())
     core.set_mpi_seed(1234)
     ckpt.load_latest_train_state(save_dir, modules=dict(net=net), optimizer=opt)
     result['got'] = draws()
-    if core.is_root():
+    if ranks.is_root():
         os.write = _full_disk_after(0)  # rank 0's disk is full (this worker process only)
     try:
         ckpt.save_train_state(save_dir, 2, modules=dict(net=net), optimizer=opt)

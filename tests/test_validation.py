@@ -12,7 +12,7 @@ import pytest
 from lm_human_preferences.language import datasets
 from lm_human_preferences.training import run_checks
 from lm_human_preferences.utils import launch
-from test_resume import env
+from conftest import env
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))

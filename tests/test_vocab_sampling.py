@@ -1,4 +1,4 @@
-"""The chunked sampler (language/vocab_sampling.py) against the plain one (core.sample_from_logits_unchecked): the
+"""The chunked sampler (language/vocab_sampling.py) against the plain one (categorical.sample_from_logits_unchecked): the
 same distribution from the hidden states, the logits never written whole."""
 import math
 
@@ -7,7 +7,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lm_human_preferences.language import vocab_sampling
-from lm_human_preferences.utils import core, cpu
+from lm_human_preferences.utils import categorical, cpu
 
 
 @pytest.fixture
@@ -19,7 +19,7 @@ def small_chunks(monkeypatch):
 
 def _plain(h, w, uniform, beta):
     logits = (h @ w.T) * beta
-    samples, has_finite = core.sample_from_logits_unchecked(logits, uniform=uniform)
+    samples, has_finite = categorical.sample_from_logits_unchecked(logits, uniform=uniform)
     return samples, has_finite, torch.log_softmax(logits, dim=-1)
 
 

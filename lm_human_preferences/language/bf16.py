@@ -221,5 +221,5 @@ class _LogprobsEntropies(torch.autograd.Function):
 def logprobs_and_entropies(h, wte, labels, temperature):
     """The policy's logprobs of labels [n] and entropies [n] under the logits h [n, e] @ wte.T / temperature,
     in bf16 mode: the fp32 logits from the fast projection, never divided, log-softmaxed or exponentiated as
-    whole [n, n_vocab] tensors (core.logprobs_and_entropies_from_logits, which fp32 mode keeps, writes each)."""
+    whole [n, n_vocab] tensors (categorical.logprobs_and_entropies_from_logits, which fp32 mode keeps, writes each)."""
     return _LogprobsEntropies.apply(h.float().contiguous(), wte, labels.long(), 1.0 / temperature)

@@ -23,7 +23,7 @@ from lm_human_preferences.datasets.cnndm import cnndm_texts
 from lm_human_preferences.datasets.local import local_texts
 from lm_human_preferences.datasets.tldr import tldr_texts
 from lm_human_preferences.language import query_cache, query_streams
-from lm_human_preferences.utils import core, ranks
+from lm_human_preferences.utils import ranks
 
 _registry: Dict[str, "Dataset"] = {}
 
@@ -73,7 +73,7 @@ class Dataset:
             padding_token = encoder.padding_token
         cut = partial(cut_query, sequence_length=sequence_length, start_token=start_token,
                       end_token=end_token, padding_token=padding_token)
-        num_shards = core.get_world_size()
+        num_shards = ranks.get_world_size()
         if num_shards > 1:
             assert seed is not None
 

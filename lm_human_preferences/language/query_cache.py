@@ -42,7 +42,7 @@ def prepared_queries(dataset, mode, *, encoder, cut):
     if texts is None:
         texts = _read_jsonl(texts_path(dataset, mode))
     queries, valid = _encode_queries(texts, encoder=encoder, cut=cut, desc=f'{dataset.name} {mode}: encoding queries')
-    if core.is_root():
+    if ranks.is_root():
         os.makedirs(os.path.dirname(base), exist_ok=True)
         files.atomic_write(base + '.json', json.dumps(settings, indent=2).encode())
         files.atomic_write(base + '.valid.npy', _npy_bytes(valid))
@@ -65,7 +65,7 @@ def texts_and_id(dataset, mode):
             return None, f.read().strip()
     texts = dataset.texts(mode)
     texts_id = _texts_sha1(texts)
-    if core.is_root():
+    if ranks.is_root():
         os.makedirs(os.path.dirname(path), exist_ok=True)
         files.atomic_write(path + '.sha1', texts_id.encode())
         # The original's book_passages format: one JSON string per line.
@@ -84,7 +84,7 @@ def _encode_queries(texts, *, encoder, cut, desc):
     workers = max(1, (os.cpu_count() or 1) // ranks.num_processes())
     # A bar on a terminal; in a log (not a TTY) its carriage returns would make one garbled line: one
     # plain line at the end instead.
-    bar = core.is_root() and sys.stderr.isatty()
+    bar = ranks.is_root() and sys.stderr.isatty()
     started = time.time()
     with ThreadPoolExecutor(workers) as pool, tqdm(total=len(texts), desc=desc, unit='text',
                                                     disable=not bar) as progress:
@@ -95,7 +95,7 @@ def _encode_queries(texts, *, encoder, cut, desc):
                     queries[i + j] = tokens
                     valid[i + j] = True
             progress.update(len(rows))
-    if core.is_root() and not bar:
+    if ranks.is_root() and not bar:
         print(f'{desc}: {len(texts)} texts in {time.time() - started:.1f}s', flush=True)
     if queries.size and 0 <= queries.min() and queries.max() < 2 ** 16:
         queries = queries.astype(np.uint16)  # GPT-2 ids and its padding id 50259 fit: half the size

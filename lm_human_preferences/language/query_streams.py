@@ -12,7 +12,7 @@ from lm_human_preferences.utils import core, ranks
 
 class RankShards:
     """The query streams of the ranks this process carries: next_batch and next() read the stream of the
-    rank whose section is running (core.get_rank()); a process carrying one rank may call them anywhere.
+    rank whose section is running (ranks.get_rank()); a process carrying one rank may call them anywhere.
     fingerprint: what identifies the queries (a run records it: training/run.py)."""
 
     def __init__(self, shards, *, fingerprint):
@@ -23,7 +23,7 @@ class RankShards:
         if len(self.shards) > 1 and not ranks.in_section():
             raise RuntimeError(f'this process carries ranks {sorted(self.shards)}: read their queries inside '
                                f'their rank sections (utils/ranks.py)')
-        return self.shards[core.get_rank()]
+        return self.shards[ranks.get_rank()]
 
     def next_batch(self, batch_size):
         return self._shard().next_batch(batch_size)

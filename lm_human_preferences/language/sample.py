@@ -3,6 +3,7 @@
 import torch
 
 from lm_human_preferences.language import vocab_sampling
+from lm_human_preferences.utils import categorical
 from lm_human_preferences.utils import core as utils
 
 
@@ -18,7 +19,7 @@ def draw_uniforms(batch_size, length, *, generator=None, device=None):
 
 def queries_and_draws(queries, length):
     """(queries, their draw_uniforms for `length` tokens, drawn from the global stream): what a rank samples
-    from, made in its section (core.side_by_side)."""
+    from, made in its section (ranks.concat_ranks)."""
     # Drawn from the CPU's stream whatever the device: CUDA's generator is another stream, and with it a run
     # on a GPU would sample other tokens than the same run on a CPU (one copy of b x length per rollout).
     return queries, draw_uniforms(len(queries), length).to(queries.device)
@@ -81,7 +82,7 @@ def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_
                 logits = utils.take_top_k_logits(logits, top_k)
             if top_p != 1.0:
                 logits = utils.take_top_p_logits(logits, top_p)
-            next_sample, next_has_finite = utils.sample_from_logits_unchecked(
+            next_sample, next_has_finite = categorical.sample_from_logits_unchecked(
                 logits, uniform=uniforms.index_select(1, index))  # [b, 1]
             if want_logprobs:
                 next_logprob = utils.logprobs_from_logits(logits=logits, labels=next_sample)  # [b, 1]
@@ -99,7 +100,7 @@ def sample_sequence(*, step, model_hparams, length, context, temperature=1, top_
     run_steps = _replay_as_cuda_graph if cuda_graph and context.device.type == 'cuda' else _run_eagerly
     run_steps(body, length - 1)
 
-    utils.check_rows_have_finite_logits(has_finite)
+    categorical.check_rows_have_finite_logits(has_finite)
     return dict(tokens=torch.cat([context, responses], dim=1), presents=past, **extras,
                 **(dict(logprobs=logprobs) if want_logprobs else {}))
 
@@ -126,7 +127,7 @@ def _first_token(context_output, uniforms, beta, length, extra_outputs, want_log
         first, has_finite = first[:, 0], has_finite[:, 0]
     else:
         logits = beta * context_output['logits'][:, -1].float()  # [b, n_vocab]
-        first, has_finite = utils.sample_from_logits_unchecked(logits, uniform=uniforms[:, 0])  # [b]
+        first, has_finite = categorical.sample_from_logits_unchecked(logits, uniform=uniforms[:, 0])  # [b]
         if want_logprobs:
             first_logprobs = utils.logprobs_from_logits(logits=logits, labels=first)
     responses = first.new_empty(len(first), length)

@@ -10,7 +10,7 @@ import os
 
 from lm_human_preferences import offline_experiments
 from lm_human_preferences.language import checkpoints, encodings, hf_import, model, model_sources
-from lm_human_preferences.utils import core, gcs
+from lm_human_preferences.utils import gcs, ranks
 
 GPT2_MODELS_URL = 'https://openaipublic.blob.core.windows.net/gpt-2/models'
 GPT2_RELEASE_FILES = ('checkpoint', 'hparams.json', 'model.ckpt.data-00000-of-00001', 'model.ckpt.index',
@@ -81,7 +81,7 @@ class TrainedModel():
         path, state = checkpoints.load_latest_checkpoint(os.path.dirname(os.path.dirname(path)))
         fresh = checkpoints.load_state(module, state, source=path)
         parts = sorted({f'{k.split(".")[2]} head' if k.startswith('model.heads.') else k.split('.')[0] for k in fresh})
-        if parts and core.is_root() and (type(module).__name__, path) not in _reported_fresh:
+        if parts and ranks.is_root() and (type(module).__name__, path) not in _reported_fresh:
             _reported_fresh.add((type(module).__name__, path))  # once per kind of model and checkpoint
             print(f'{type(module).__name__} from {path}: {" and ".join(parts)} '
                   f'{"starts" if len(parts) == 1 else "start"} fresh (not in the checkpoint), as the original intended')

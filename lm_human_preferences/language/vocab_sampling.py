@@ -5,7 +5,7 @@ passes over its [rows, n_vocab] logits: the product writes them (103 MB for 512 
 sampler reads them back three times, and a fresh tensor of that size is page-faulted in at every step. Here the
 vocabulary goes a chunk at a time (CHUNK tokens: the chunk's logits stay in cache): each chunk's product, its
 maximum and its blocks' sums of exp(logit - chunk max); then the blocks' sums rescaled to the row's maximum, and
-the sample found as core.sample_from_logits_unchecked finds it (TF's running sum, searched for uniform * total,
+the sample found as categorical.sample_from_logits_unchecked finds it (TF's running sum, searched for uniform * total,
 in two levels): the block by the running sum of the blocks' sums, the token by the running sum within the
 block, whose BLOCK logits are made again for its row alone.
 
@@ -22,7 +22,7 @@ import math
 import torch
 
 from lm_human_preferences.language import bf16
-from lm_human_preferences.utils import core as utils
+from lm_human_preferences.utils import categorical
 
 # Tokens a chunk: with 128 rows its fp32 logits are 1 MB (a core's L2 holds them).
 CHUNK = 2048
@@ -85,7 +85,7 @@ def _sample(h, w, uniform, beta, logprobs):
     block_cdf = block_sums.view(rows, -1).double().cumsum_(dim=1)  # [rows, blocks], not normalized
     total = block_cdf[:, -1:]
     target = uniform.reshape(rows, 1) * total
-    block = utils._search_running_sum(block_cdf, target)  # [rows, 1]
+    block = categorical.search_running_sum(block_cdf, target)  # [rows, 1]
     before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp_min(0)), 0.0)
     # The chosen block's logits again, for its row alone: [rows, BLOCK, e] @ [rows, e, 1].
     tokens = block * BLOCK + torch.arange(BLOCK, device=h.device)  # [rows, BLOCK]
@@ -95,7 +95,7 @@ def _sample(h, w, uniform, beta, logprobs):
     torch.nan_to_num_(block_logits, nan=-math.inf, posinf=-math.inf, neginf=-math.inf)
     block_logits.masked_fill_(~in_vocab, -math.inf)
     in_block = (block_logits - row_max).exp_()
-    offset = utils._search_running_sum(torch.cumsum(in_block, dim=1, dtype=torch.float64).add_(before), target)
+    offset = categorical.search_running_sum(torch.cumsum(in_block, dim=1, dtype=torch.float64).add_(before), target)
     samples = (block * BLOCK + offset).clamp_max_(n - 1)[:, 0]
     sample_logprobs = None
     if logprobs:

@@ -36,7 +36,7 @@ from lm_human_preferences.offline.labels import (bag_of_words_accuracy, cache_pa
                                                  make_labels)
 from lm_human_preferences.offline.pretrain import PretrainHParams, ensure_pretrained
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import cpu, files
+from lm_human_preferences.utils import cpu, files, ranks
 
 
 @dataclass(frozen=True)
@@ -126,14 +126,14 @@ def prepare_reward_training(exp: OfflineExperiment, hparams: train_reward_module
         else:
             make_labels(exp, hparams, cached, num_labels=num_labels, seed=seed)
             made = f'made in {time.time() - started:.0f}s, kept in {cached} for a rerun'
-        if utils.is_root():
+        if ranks.is_root():
             os.makedirs(save_dir, exist_ok=True)
             with open(cached, 'rb') as f:
                 files.atomic_write(path, f.read())
         utils.mpi_bcast(None)  # everyone waits until the copy is in place
     hparams.labels.source = path
     error, references = None, {}
-    if utils.is_root():
+    if ranks.is_root():
         with open(path) as f:
             records = json.load(f)
         if len(records) != num_labels:
@@ -191,7 +191,7 @@ class _Phases:
         try:
             yield
         except KeyboardInterrupt as e:
-            if not getattr(e, 'reported', False) and utils.is_root():
+            if not getattr(e, 'reported', False) and ranks.is_root():
                 print(f'{self.name}: stopped during {phase}; rerunning the same command '
                       f'{RERUN.get(phase, "starts this phase again")}', file=sys.stderr, flush=True)
                 e.reported = True

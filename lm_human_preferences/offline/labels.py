@@ -22,7 +22,8 @@ from lm_human_preferences.language import trained_models, vocab_sampling
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.training import memory, reward_evaluation
 from lm_human_preferences.training.execution import Execution
-from lm_human_preferences.training.run import Progress
+from lm_human_preferences.training.progress import Progress
+from lm_human_preferences.utils import distributed, ranks
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import files, gcs
 
@@ -37,7 +38,7 @@ def frozen_policy(model_name, task):
 
 def rank_generator(seed):
     # One stream per rank, as set_mpi_seed; on the device, where sampling happens.
-    return torch.Generator(device=utils.get_device()).manual_seed(seed + 100003 * utils.get_rank())
+    return torch.Generator(device=utils.get_device()).manual_seed(seed + 100003 * ranks.get_rank())
 
 
 def make_labels(exp, hparams: train_reward_module.HParams, path, *, num_labels, seed):
@@ -49,17 +50,17 @@ def make_labels(exp, hparams: train_reward_module.HParams, path, *, num_labels, 
         raise ValueError(f"the {exp.name} labels are best_of_N; labels.type is '{hparams.labels.type}'")
     policy, encoder = frozen_policy(task.policy.initial_model, task)
     postprocess = lm_tasks.postprocess_fn_from_hparams(task, encoder.padding_token)
-    per_rank = utils.ceil_div(num_labels, utils.get_world_size())
-    batch_size = min(utils.exact_div(hparams.rollout_batch_size, utils.get_world_size()), per_rank)
+    per_rank = utils.ceil_div(num_labels, ranks.get_world_size())
+    batch_size = min(utils.exact_div(hparams.rollout_batch_size, ranks.get_world_size()), per_rank)
     sampler = lm_tasks.make_query_sampler(hparams=task, encoder=encoder, batch_size=batch_size)
     # run.microbatch_size 'auto': planned as train_reward plans it (its normalization samples such rollouts).
     execution = Execution.prepare(hparams.run, memory.reward_passes(hparams), policy.model_hparams,
                                   resident=1, trained=0, what=f'{exp.name} labels')
-    printing, progress = utils.is_root(), Progress(utils.ceil_div(per_rank, batch_size) * len(utils.local_ranks()))
+    printing, progress = ranks.is_root(), Progress(utils.ceil_div(per_rank, batch_size) * len(ranks.local_ranks()))
 
     def rank_records():
         generator = rank_generator(seed)
-        rng = np.random.RandomState(seed + 100003 * utils.get_rank())
+        rng = np.random.RandomState(seed + 100003 * ranks.get_rank())
         records = []
         while len(records) < per_rank:
             queries = sampler()['tokens']
@@ -79,8 +80,8 @@ def make_labels(exp, hparams: train_reward_module.HParams, path, *, num_labels, 
                 print(f'[{exp.name} labels: batch {progress()}]', flush=True)
         return records[:per_rank]
 
-    every_rank = utils.gather_ranks_to_root(utils.for_each_rank(rank_records))
-    if utils.is_root():
+    every_rank = distributed.gather_ranks_to_root(ranks.for_each_rank(rank_records))
+    if ranks.is_root():
         records = [record for rank in every_rank for record in rank][:num_labels]
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         files.atomic_write(path, json.dumps(records).encode())
@@ -104,7 +105,7 @@ def labels_key(exp, hparams: train_reward_module.HParams, *, num_labels, seed):
                 rollout_batch_size=hparams.rollout_batch_size, bf16=hparams.run.use_bf16(),
                 sampler=(f'chunked, {vocab_sampling.products_precision()} precision'
                          if vocab_sampling.chunked_on(utils.get_device()) else 'plain'),
-                ranks=utils.get_world_size(), seed=seed, num_labels=num_labels)
+                ranks=ranks.get_world_size(), seed=seed, num_labels=num_labels)
 
 
 def cache_path(exp, key):

@@ -17,9 +17,9 @@ from safetensors.torch import save as save_tensors
 
 from lm_human_preferences.language import bf16, checkpoints, model, model_sources
 from lm_human_preferences.training.adam import AdamTF
-from lm_human_preferences.training.run import Progress
+from lm_human_preferences.training.progress import Progress
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import files
+from lm_human_preferences.utils import files, ranks
 
 
 @dataclass(frozen=True)
@@ -239,7 +239,7 @@ def ensure_pretrained(exp, run_seed=None):
     seed resolved: pretrain_hparams), encoding and corpus; collective (rank 0 trains, the others wait). Returns
     the dir."""
     out_dir = model_dir(exp, run_seed)
-    if not utils.is_root():
+    if not ranks.is_root():
         error = utils.mpi_bcast(None)
         if error is not None:
             raise RuntimeError(f'{exp.name} pretraining failed on rank 0: {error}')

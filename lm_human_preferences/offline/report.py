@@ -15,6 +15,7 @@ from lm_human_preferences import train_policy as train_policy_module
 from lm_human_preferences.offline.labels import frozen_policy, rank_generator
 from lm_human_preferences.training.reward_evaluation import best_credit
 from lm_human_preferences.training import plots
+from lm_human_preferences.utils import distributed, ranks
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import files
 
@@ -29,7 +30,7 @@ def sample_scores(exp, model_name, task, *, seed):
     queries for every model); collective. Returns (scores [n] on every process, rank 0's first samples
     as (query, response) text pairs)."""
     policy, encoder = frozen_policy(model_name, task)
-    per_rank = utils.exact_div(exp.eval_queries, utils.get_world_size())
+    per_rank = utils.exact_div(exp.eval_queries, ranks.get_world_size())
     sampler = lm_tasks.make_query_sampler(hparams=task, encoder=encoder, batch_size=per_rank, mode='test')
     postprocess = lm_tasks.postprocess_fn_from_hparams(task, encoder.padding_token)
 
@@ -42,8 +43,8 @@ def sample_scores(exp, model_name, task, *, seed):
                     for q, r in zip(queries[:REPORT_EXAMPLES].tolist(), responses[:REPORT_EXAMPLES].tolist())]
         return exp.labeler.scores(responses, encoder).tolist(), examples
 
-    results = utils.for_each_rank(rank_scores)
-    scores = torch.tensor([s for rank in utils.all_gather_ranks([r for r, _ in results]) for s in rank])
+    results = ranks.for_each_rank(rank_scores)
+    scores = torch.tensor([s for rank in distributed.all_gather_ranks([r for r, _ in results]) for s in rank])
     return scores, results[0][1]
 
 
@@ -185,7 +186,7 @@ def reward_model_on_samples(exp, hparams, save_dir, *, seed):
         policy, encoder = frozen_policy(model, task)
         source = QuestionSource(task=task, label_type=label_type, policy=policy, size=exp.eval_queries, seed=seed,
                                 filtered=False, mode='test')
-        if not utils.is_root():
+        if not ranks.is_root():
             continue
         questions = source.batch(0)
         keys = source.keys
@@ -293,7 +294,7 @@ def plot_report(exp, save_dir, out=None, *, title=None):
 def finish(exp, report, save_dir, next_steps=()):
     """Print the report and, in the save dir, write it (<save_dir>/<name>_report.json) and its figure
     (plot_report), then where they are and next_steps (lines: a command each), the run's last lines."""
-    if utils.is_root():
+    if ranks.is_root():
         print(format_report(exp, report))
         if save_dir:
             files.atomic_write(report_file(exp, save_dir), json.dumps(report, indent=2).encode())

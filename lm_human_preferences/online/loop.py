@@ -41,9 +41,9 @@ from lm_human_preferences.labeling.programs import label_best
 from lm_human_preferences.labeling.server import LabelServer, is_loopback
 from lm_human_preferences.labeling.store import LabelStore, SESSION_FILE, parse_labelers
 from lm_human_preferences.rewards import TrainedRewardModel
-from lm_human_preferences.training.run import PRINT_EVERY_S
+from lm_human_preferences.training.progress import PRINT_EVERY_S
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import files, hyperparams
+from lm_human_preferences.utils import files, hyperparams, ranks
 
 PEOPLE = 'people'
 QUESTION_BATCH = 16  # questions added at a time when people skip more than the round's reserve
@@ -184,7 +184,7 @@ class OnlineLoop:
         finished = [k for k, s in enumerate(self.steps, 1) if s <= step and self._finished(k)]
         if finished:
             self._load_reward_model(finished[-1])
-        if self.people and utils.is_root():
+        if self.people and ranks.is_root():
             self.server = LabelServer(host=self.online.host, port=self.online.port).start()
             self.server.set_session(None, self._waiting_message(step))
             links = self._labeler_secrets()
@@ -272,7 +272,7 @@ class OnlineLoop:
     def _ask(self, k):
         """Round k's labels into its session (made once: a rerun goes on with what it holds)."""
         sources = self._questions(k, filtered=self.people)  # on every process: the query data may be prepared
-        if utils.is_root():
+        if ranks.is_root():
             store = self._session(k, sources)
             validation = sum(1 for q in store.order if 'pi_samples' in store.questions[q])
             print(f'online round {k}/{len(self.steps)} at PPO batch {self.steps[k - 1]}: {store.target} labels of '
@@ -382,7 +382,7 @@ class OnlineLoop:
         for j in range(1, k + 1):
             with open(os.path.join(self._round_dir(j), 'labels.json')) as f:
                 train += json.load(f)[:self.sizes[j - 1]]  # answers past the round's size (people) wait unused
-        if utils.is_root() and not os.path.isfile(labels_path):
+        if ranks.is_root() and not os.path.isfile(labels_path):
             os.makedirs(hparams.run.save_dir, exist_ok=True)
             files.atomic_write(labels_path, json.dumps(train + held_out).encode())
         utils.mpi_bcast(None)
@@ -390,7 +390,7 @@ class OnlineLoop:
         hparams.labels.num_train = len(train)
         if hparams.run.seed is not None:
             hparams.run.seed += k  # a fresh head: another draw than the first training's
-        if utils.is_root():
+        if ranks.is_root():
             print(f'online round {k}/{len(self.steps)}: retraining the reward model from a fresh head on '
                   f'{len(train)} labels (one epoch) in {hparams.run.save_dir}', flush=True)
         return train_reward.train(hparams)
@@ -398,7 +398,7 @@ class OnlineLoop:
     def _finish_round(self, k, results):
         """done.json: the round's stats (logged at its step), written last."""
         stats = {'online/round': k, 'online/labels': len(self._initial_labels()[0]) + sum(self.sizes[:k])}
-        if utils.is_root():
+        if ranks.is_root():
             store = LabelStore(self._round_dir(k), writable=False)
             wins = store.policy_wins()
             if wins['answers']:
@@ -416,6 +416,6 @@ class OnlineLoop:
     def _load_reward_model(self, k):
         new = TrainedRewardModel(os.path.join(self._reward_dir(k), 'reward_model'), self.score_model.encoding)
         self.score_model.load_state_dict(new.state_dict())
-        if utils.is_root():
+        if ranks.is_root():
             print(f'online: PPO scores with the reward model of round {k} ({self._reward_dir(k)})', file=sys.stdout,
                   flush=True)

@@ -11,7 +11,12 @@ from typing import Literal, Optional, Union
 import torch
 
 from lm_human_preferences.training import memory
-from lm_human_preferences.utils import core, hyperparams
+from lm_human_preferences.utils import core, hyperparams, passes
+
+# The run.* hparams that change what a run logs or keeps, or its memory use or speed, not its results: a rerun
+# may change them and still resume (the trainers pass these, and their own, to training/run.Run).
+RERUN_MAY_CHANGE = ('run.log_interval', 'run.wandb', 'run.wandb_project', 'run.keep_checkpoints',
+                    'run.microbatch_size', 'run.cuda_graph')
 
 
 @dataclass
@@ -58,8 +63,8 @@ class Execution:
     microbatch_size: Optional[int] = None  # at most this many sequences per model pass; None: no split
 
     def autocast(self):
-        """bf16 autocast on the device where bf16 is on; a no-op block elsewhere (core.autocast)."""
-        return core.autocast(self.bf16, self.device)
+        """bf16 autocast on the device where bf16 is on; a no-op block elsewhere (passes.autocast)."""
+        return passes.autocast(self.bf16, self.device)
 
     @classmethod
     def prepare(cls, run_hparams: PortRunHParams, passes, model_hparams, *, resident, trained, what, smallest=1):

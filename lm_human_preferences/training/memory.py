@@ -14,7 +14,7 @@ from typing import Optional
 import torch
 
 from lm_human_preferences.training import run_checks
-from lm_human_preferences.utils import core, ranks
+from lm_human_preferences.utils import core, distributed, ranks
 
 # Activations a training pass keeps for its backward pass, in bytes per token, layer and unit of width (the
 # residual stream, the layer norms' inputs, q/k/v and the attention output in fp32, the MLP's 4x wide input
@@ -110,9 +110,9 @@ def resolve(run_hparams, passes, model_hparams, *, resident, trained, device, wh
     if run_hparams.microbatch_size != 'auto':
         return run_hparams.microbatch_size
     bf16 = run_hparams.use_bf16()
-    budget = core.processes_min(int(free_bytes(device) * USABLE_FRACTION))
+    budget = distributed.processes_min(int(free_bytes(device) * USABLE_FRACTION))
     p = plan(passes, model_hparams, resident=resident, trained=trained, bf16=bf16, budget=budget, smallest=smallest)
-    if core.is_root():
+    if ranks.is_root():
         gb = 2 ** 30
         size = 'no split' if p.microbatch_size is None else f'{p.microbatch_size} sequences a pass'
         print(f'{what}: run.microbatch_size auto = {size} ({p.budget / gb:.1f} GB of {device.type} memory to '

@@ -6,6 +6,7 @@ import torch
 
 from lm_human_preferences import label_types
 from lm_human_preferences.training import reward_loss
+from lm_human_preferences.utils import distributed, ranks
 from lm_human_preferences.utils import core as utils
 
 
@@ -36,12 +37,12 @@ def evaluate(trainer, labels, *, name):
             logits = torch.stack([rewards[k] for k in trainer.sample_keys], dim=1)
             correct += best_credit(logits, batch['best']).sum().item()
     # This process's totals (its ranks'), summed over processes.
-    totals = utils.processes_sum(torch.tensor([float(len(ours)), loss_sum, correct], dtype=torch.float64))
+    totals = distributed.processes_sum(torch.tensor([float(len(ours)), loss_sum, correct], dtype=torch.float64))
     count = totals[0].item()
     results = {f'{name}/loss': totals[1].item() / count}
     if isinstance(trainer.label_type, label_types.PickBest):
         results[f'{name}/accuracy'] = totals[2].item() / count
-    if utils.is_root():
+    if ranks.is_root():
         print(f'{name} on {int(count)} labels: ' + ', '.join(f'{k} = {v:.6g}' for k, v in results.items()))
     trainer.run.stats.log(results, trainer.global_step, log_interval=1)
     return results
@@ -52,7 +53,7 @@ def evaluate_labels(trainer):
     results = {}
     if trainer.held_out_labels is not None:
         results['eval'] = evaluate(trainer, trainer.held_out_labels, name='eval')
-    elif utils.is_root():
+    elif ranks.is_root():
         print(f'no held-out labels: {trainer.hparams.labels.source} has no records past labels.num_train')
     if trainer.hparams.eval_train_labels:
         results['eval_train'] = evaluate(trainer, trainer.train_buffer.data(), name='eval_train')

@@ -4,7 +4,7 @@ for each rank on its own labels, each rank's gradient from passes of its own (tr
 
 import torch
 
-from lm_human_preferences.utils import core as utils
+from lm_human_preferences.utils import passes
 
 
 def loss(trainer, labels, *, train, ranks=1):
@@ -24,8 +24,8 @@ def loss(trainer, labels, *, train, ranks=1):
     labels_per_piece = None if microbatch_size is None else microbatch_size // len(trainer.sample_keys)
     rewards = {k: [] for k in trainer.sample_keys}
     # Training, each rank's labels in passes of their own; evaluating, a pass may span ranks.
-    for group in utils.microbatches(n, per_rank) if train else [slice(0, n)]:
-        for piece in utils.microbatches(group.stop - group.start, labels_per_piece):
+    for group in passes.microbatches(n, per_rank) if train else [slice(0, n)]:
+        for piece in passes.microbatches(group.stop - group.start, labels_per_piece):
             piece = slice(group.start + piece.start, group.start + piece.stop)
             piece_labels = {k: v[piece] for k, v in labels.items()}
             sample_key = {id(piece_labels[k]): k for k in trainer.sample_keys}
@@ -41,11 +41,11 @@ def loss(trainer, labels, *, train, ranks=1):
                 (piece_loss * ((piece.stop - piece.start) / per_rank)).backward()
         if train:
             trainer.rank_gradients.add_rank()
-    rewards = {k: utils.cat_pieces(v) for k, v in rewards.items()}
+    rewards = {k: passes.cat_pieces(v) for k, v in rewards.items()}
     with torch.no_grad(), trainer.execution.autocast():
         rank_stats = [_label_type_loss(trainer, {k: v[rows] for k, v in rewards.items()},
                                             {k: v[rows] for k, v in labels.items()})
-                      for rows in utils.microbatches(n, n // ranks)]
+                      for rows in passes.microbatches(n, n // ranks)]
     return {k: torch.stack([s[k] for s in rank_stats]).detach().float() for k in rank_stats[0]}, rewards
 
 

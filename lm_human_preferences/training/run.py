@@ -1,7 +1,7 @@
 """A trainer's run in its save dir (ours: the original's trainers wrote their few files themselves and
 could not resume). `train_reward` and `train_policy` use one `Run` the same way:
 
-    with Run(hparams, 'train_policy') as run:  # the save dir locked, stale temporaries removed, hparams
+    with Run(hparams, 'train_policy', may_change=...) as run:  # the save dir locked, stale temporaries removed, hparams
                                                # checked against a run already there, then written
         ... build the models, as the original ...
         state = run.resume(modules=..., optimizer=..., samplers=..., model=...)  # newest valid state or None
@@ -14,36 +14,16 @@ for the loop's next step boundary: every process saves that step, the process th
 one line where it stopped and how to resume, and each exits with 128 + the signal's number. Outside a
 training loop, and at a second Ctrl-C, the run stops at once (what it saved before stays).
 
-What a save dir holds for a trainer (<scope> is `reward_model` or `policy`):
-
-    <save_dir>/.lock                         held (flock) by the process that carries rank 0
-    <save_dir>/<kind>_hparams.json           the run's hparams (a rerun with other values is refused)
-    <save_dir>/<kind>_data.json              which labels and queries it used (a rerun on others: refused)
-    <save_dir>/<kind>_stats.jsonl            one JSON line per logged step
-    <save_dir>/tb/<scope or ppo>/            TensorBoard events
-    <save_dir>/<kind>_curves.png             learning curves, at the end
-    <save_dir>/<scope>/checkpoints/          model checkpoints, the last run.keep_checkpoints kept
-    <save_dir>/<scope>/train_state/          training states for resuming (training/train_state.py)
-
-One rewind rule for every stats sink: a run resumed at step M logs steps M, M+1, ... again, so the
-JSONL lines from step M on are dropped (and a last line cut off by a kill or a full disk, with a warning;
-a damaged line before others stops the run as it opens, in one line) and TensorBoard hides its events
-from step M on (purge_step); a run that had saved no state yet starts from step 0 and drops all of them.
-A state past the end of the JSONL (its last rows lost) gives way to a kept state before them, so that the
-log ends as an uninterrupted run's. wandb cannot delete points: a resumed run continues the same wandb
-run, which keeps the first value of each step (the redone steps compute the same values: resuming is
-exact).
+The save dir: training/run_folders.py; the stats sinks: training/stats_log.py; progress lines:
+training/progress.py.
 """
 
 import contextlib
-import fcntl
 import json
 import os
 import signal
-import socket
 import sys
 import time
-import uuid
 import warnings
 from functools import partial
 from typing import Callable, Dict, Optional
@@ -51,264 +31,23 @@ from typing import Callable, Dict, Optional
 import torch
 
 from lm_human_preferences.language import checkpoints
-from lm_human_preferences.utils import core, cpu, files, hyperparams, ranks, stopping
-from lm_human_preferences.training import train_state, plots
+from lm_human_preferences.utils import core, cpu, files, finite, hyperparams, ranks, stopping
+from lm_human_preferences.training import plots, progress, train_state
+from lm_human_preferences.training.run_folders import SCOPES, SaveDirInUseError, locked_save_dir, remove_temporaries
+from lm_human_preferences.training.stats_log import StatsLog, wandb_run
 
-SCOPES = dict(train_reward='reward_model', train_policy='policy')
-TB_SUBDIRS = dict(train_reward='reward_model', train_policy='ppo')
-# Hparams that change what a run logs or keeps, or its memory use or speed, not its results: a rerun may change
-# them and still resume.
-LOGGING_HPARAMS = ('run.log_interval', 'run.wandb', 'run.wandb_project', 'run.keep_checkpoints',
-                   'run.microbatch_size', 'run.cuda_graph', 'online.host', 'online.port')
 # The metrics an end-of-run summary shows, when logged.
 SUMMARY_METRICS = dict(train_reward=('loss', 'eval/loss', 'eval/accuracy'),
                        train_policy=('objective/score', 'objective/kl', 'objective/kl_coef', 'objective/entropy'))
 
 
-class SaveDirInUseError(OSError):
-    """Another process holds the save dir's lock (an OSError: launch.py reports it in one line)."""
-
-
-# ---------------------------------------------------------------------------------------------------
-# The save dir's lock
-
-_held = {}  # realpath of a lock file -> [open file, holders in this process]
-
-
-@contextlib.contextmanager
-def locked_save_dir(save_dir):
-    """Hold <save_dir>/.lock (flock, exclusive) for the block; re-entrant within the process (train_policy
-    trains its reward model in the same save dir). The kernel releases the lock of a process that dies,
-    however it dies, so a stale lock is taken over by the next run. The file goes when the run ends."""
-    path = os.path.realpath(os.path.join(save_dir, '.lock'))
-    if path in _held:
-        _held[path][1] += 1
-    else:
-        f = _open_lock(path, save_dir)
-        f.seek(0)
-        f.truncate()
-        f.write(json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), command=' '.join(sys.argv))))
-        f.flush()
-        _held[path] = [f, 1]
-    try:
-        yield
-    finally:
-        _held[path][1] -= 1
-        if not _held[path][1]:
-            f = _held.pop(path)[0]
-            with contextlib.suppress(OSError):
-                os.unlink(path)  # while locked: a run that opened it meanwhile finds it gone (_open_lock)
-            fcntl.flock(f, fcntl.LOCK_UN)
-            f.close()
-
-
-def _open_lock(path, save_dir):
-    """<save_dir>/.lock opened and locked (exclusive, not waiting); one that its holder removed between our open
-    and our lock is opened again."""
-    while True:
-        f = open(path, 'a+')
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.close()
-            raise SaveDirInUseError(files.save_dir_in_use(save_dir, files.lock_holder(path) or 'another process')) \
-                from None
-        try:
-            if os.fstat(f.fileno()).st_ino == os.stat(path).st_ino:
-                return f
-        except FileNotFoundError:
-            pass
-        f.close()
-
-
-def run_folder_of(path):
-    """The run's folder that holds path (path itself or a folder above it: a save dir, holding a trainer's
-    <kind>_hparams.json, or a model dir, holding train_state/) and what shows it, or None."""
-    path = os.path.realpath(path)
-    while True:
-        for mark in [f'{kind}_hparams.json' for kind in SCOPES] + [train_state.TRAIN_STATE_SUBDIR]:
-            if os.path.exists(os.path.join(path, mark)):
-                return path, mark
-        if os.path.dirname(path) == path:
-            return None
-        path = os.path.dirname(path)
-
-
-def _remove_temporaries(save_dir):
-    """Temporary files (`*.tmp-<pid>`) that killed writers left anywhere in the save dir: with the lock
-    held no writer of ours is at work there."""
-    for directory, _, names in os.walk(save_dir):
-        if any(files.TMP_RE.fullmatch(n) for n in names):
-            files.remove_stale_temporaries(directory)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Stats sinks
-
-class StatsLog:
-    """Where a trainer's stats go, on the process that carries rank 0: the stats table on stdout every
-    log_interval steps and TensorBoard (core.record_stats, as the original), plus ours: one JSON line per
-    step and wandb. Without a save dir only the table is printed."""
-
-    def __init__(self, *, save_dir, kind, log_interval, wandb_init=None):
-        self.save_dir = save_dir
-        self.kind = kind
-        self.log_interval = log_interval
-        self.jsonl_path = os.path.join(save_dir, f'{kind}_stats.jsonl') if save_dir else None
-        self.tb_dir = os.path.join(save_dir, 'tb', TB_SUBDIRS[kind]) if save_dir else None
-        # wandb allows one active run per process: a trainer's starts with its first stats (train_policy's
-        # reward phase has finished its own by then).
-        self.wandb_init = wandb_init
-        self.wandb_run = None
-        self.summary_writer = None
-        self.purge_step = None
-        self.rows = None  # [(line, row)] of the stats file as the run opened (read), on rank 0's process
-        self.last = {}  # the last value of each metric logged
-
-    def read(self):
-        """Read the stats file, as the run opens (a damaged line stops it before any work: plots.read_rows)."""
-        if self.jsonl_path and os.path.exists(self.jsonl_path):
-            self.rows = plots.read_rows(self.jsonl_path)
-
-    def next_step(self):
-        """The step after the last one logged (0: none); None without a stats file. A training state past it
-        would leave the log without the steps between (their rows lost, e.g. cut off by a power cut)."""
-        if self.rows is None:
-            return None
-        return self.rows[-1][1]['step'] + 1 if self.rows else 0
-
-    def log(self, stats, step, *, log_interval=None):
-        """Log stats (name -> scalar, already averaged over ranks) at step; returns them as floats."""
-        if core.is_root() and self.tb_dir and self.summary_writer is None:
-            self.summary_writer = core.get_summary_writer(self.save_dir, subdir=TB_SUBDIRS[self.kind],
-                                                          purge_step=self.purge_step)
-        stats = core.record_stats(stats=stats, summary_writer=self.summary_writer, step=step,
-                                  log_interval=self.log_interval if log_interval is None else log_interval)
-        if core.is_root():
-            if self.jsonl_path:
-                with open(self.jsonl_path, 'a') as f:
-                    f.write(json.dumps({'step': int(step), **stats}) + '\n')
-            if self.wandb_init is not None:
-                self.wandb_run, self.wandb_init = self.wandb_init(), None
-            if self.wandb_run is not None:
-                self.wandb_run.log(stats, step=int(step))
-        self.last.update(stats)
-        return stats
-
-    def rewind(self, step):
-        """The run goes on from `step` (None: a finished run, which logs nothing more): forget what the
-        interrupted run logged at `step` and after, and a last line cut off (read dropped it)."""
-        self.purge_step = step
-        if core.is_root() and self.rows is not None:
-            keep = [line for line, row in self.rows if step is None or row['step'] < step]
-            if sum(map(len, keep)) != os.path.getsize(self.jsonl_path):
-                files.atomic_write(self.jsonl_path, b''.join(keep))
-
-    def close(self):
-        if self.summary_writer is not None:
-            self.summary_writer.close()
-            self.summary_writer = None
-        if self.wandb_run is not None:
-            self.wandb_run.finish()
-            self.wandb_run = None
-
-
-def _wandb_run(hparams, kind):
-    """A Weights & Biases run for this trainer (ours), on the process that carries rank 0: one per
-    trainer and save dir, grouped by the save dir's name (train_policy's reward phase is the group's
-    train_reward run); a resumed run continues its wandb run (its id is kept in the save dir)."""
-    if not hparams.run.wandb or not core.is_root():
-        return None
-    import wandb  # the `wandb` extra; checked at launch (optional_deps.check_wandb)
-    save_dir = hparams.run.save_dir
-    name = os.path.basename(os.path.normpath(save_dir)) if save_dir else None
-    run_id = None
-    if save_dir:
-        id_path = os.path.join(save_dir, f'{kind}_wandb_id')
-        if os.path.exists(id_path):
-            with open(id_path) as f:
-                run_id = f.read().strip()
-        else:
-            run_id = uuid.uuid4().hex[:8]  # wandb's id form: 8 lowercase letters and digits
-            files.atomic_write(id_path, run_id.encode())
-    return wandb.init(project=hparams.run.wandb_project, config=hparams.to_nested_dict(), dir=save_dir,
-                      name=f'{name}/{kind}' if name else None, group=name, job_type=kind, id=run_id,
-                      resume='allow' if run_id else None)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Progress lines
-
-def _count(n, noun):
-    """'1 rank', '8 ranks', '2 processes'."""
-    return f'{n} {noun}' if n == 1 else f'{n} {noun}{"es" if noun.endswith("s") else "s"}'
-
-
-def _duration(seconds):
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f'{seconds // 3600}h{seconds % 3600 // 60:02d}m'
-    if seconds >= 60:
-        return f'{seconds // 60}m{seconds % 60:02d}s'
-    return f'{seconds}s'
-
-
-# A long loop says where it is at least this often.
-PRINT_EVERY_S = 30
-
-
-class Progress:
-    """`done/total done, time per step, ETA` of a loop of `total` steps that starts at step `start` (a
-    resumed run). Set .done as the loop goes. The time per step is the mean over the steps this process ran
-    after its first, which warms up (allocations, caches, a CUDA graph's capture); until there are such
-    steps, since `started` (default: now). `done` counts steps (the first step done: 1), unlike the 0-based
-    step index of the stats and of `[ppo_step N]`: the word says which."""
-
-    def __init__(self, total, start=0, started=None):
-        self.total, self.start, self._done = total, start, start
-        self.started = time.time() if started is None else started
-        self._warm = None  # (time, done) when the first step was done
-        self._printed = self.started
-
-    @property
-    def done(self):
-        return self._done
-
-    @done.setter
-    def done(self, value):
-        if self._warm is None and value > self.start:
-            self._warm = (time.time(), value)
-        self._done = value
-
-    def __call__(self):
-        now = time.time()
-        if self._warm is not None and self._done > self._warm[1]:
-            per_step = (now - self._warm[0]) / (self._done - self._warm[1])
-        else:
-            per_step = (now - self.started) / max(self._done - self.start, 1)
-        eta = _duration(per_step * (self.total - self._done))
-        return f'{self._done}/{self.total} done, {per_step:.3g} s/step, ETA {eta}'
-
-    def due(self):
-        """Whether to print a line now: after the first step, after the last, and at least every
-        PRINT_EVERY_S seconds between them."""
-        now = time.time()
-        if self._done in (self.start + 1, self.total) or now - self._printed >= PRINT_EVERY_S:
-            self._printed = now
-            return True
-        return False
-
-
-# ---------------------------------------------------------------------------------------------------
-# The run
-
 class Run:
-    def __init__(self, hparams, kind):
+    def __init__(self, hparams, kind, *, may_change=()):
         """Open the run `kind` ('train_reward' / 'train_policy') of hparams in hparams.run.save_dir (none:
         nothing is written). Collective over processes: the process carrying rank 0 takes the save dir's
         lock, removes stale temporaries, refuses a save dir holding another run's hparams (those that
-        change no result may differ: LOGGING_HPARAMS) and writes this run's; every process raises its
-        error, in one line.
+        change no result may differ: may_change, the trainer's dotted names) and writes this run's; every
+        process raises its error, in one line.
         """
         self.hparams = hparams
         self.kind = kind
@@ -321,20 +60,20 @@ class Run:
         self._stopping = 0  # the stop signal every process agreed on at the last step boundary (save_due)
         self._lock = contextlib.ExitStack()
         self.stats = StatsLog(save_dir=self.save_dir, kind=kind, log_interval=hparams.run.log_interval,
-                              wandb_init=partial(_wandb_run, hparams, kind) if hparams.run.wandb else None)
+                              wandb_init=partial(wandb_run, hparams, kind) if hparams.run.wandb else None)
         self._created = []  # what this run made before it trained anything: removed if it fails then (__exit__)
         error = None
-        if self.save_dir and core.is_root():
+        if self.save_dir and ranks.is_root():
             try:
                 # A rerun must match the hparams of the run in the save dir (refused, it writes nothing).
                 # A save dir where nothing was trained yet (a run that stopped at a bad input, say) holds
                 # no run: the corrected rerun replaces its hparams.
                 existing = self.trained_anything() and train_state.check_resume_compatible(
-                    self.save_dir, hparams.to_nested_dict(), f'{kind}_hparams.json', ignore=LOGGING_HPARAMS)
+                    self.save_dir, hparams.to_nested_dict(), f'{kind}_hparams.json', ignore=may_change)
                 self._created += [d for d in (self.save_dir, self.model_dir) if not os.path.exists(d)]
                 os.makedirs(self.model_dir, exist_ok=True)
                 self._lock.enter_context(locked_save_dir(self.save_dir))
-                _remove_temporaries(self.save_dir)
+                remove_temporaries(self.save_dir)
                 self.stats.read()
                 if not existing:
                     hyperparams.save_json(hparams, os.path.join(self.save_dir, f'{kind}_hparams.json'))
@@ -345,7 +84,7 @@ class Run:
         error = core.mpi_bcast(error)
         if error is not None:
             raise (SaveDirInUseError if error[0] == 'SaveDirInUseError' else ValueError)(error[1])
-        if core.is_root():
+        if ranks.is_root():
             self._print_summary()
 
     def __enter__(self):
@@ -361,7 +100,7 @@ class Run:
         if isinstance(exc, stopping.Stopped) and not exc.reported:
             self._report_stop(exc, None)
         self.stats.close()
-        if exc is not None and core.is_root():
+        if exc is not None and ranks.is_root():
             self._remove_what_it_made()
         self._lock.close()
 
@@ -390,7 +129,8 @@ class Run:
                 if flat.get(k) is not None]
         where = (f'saving to {self.save_dir} (all hparams: {self.kind}_hparams.json)' if self.save_dir
                  else 'no run.save_dir: nothing is saved')
-        layout = f'{_count(core.get_world_size(), "rank")} in {_count(ranks.num_processes(), "process")}'
+        layout = (f'{progress.count(ranks.get_world_size(), "rank")} in '
+                  f'{progress.count(ranks.num_processes(), "process")}')
         print(f'{self.kind}: {layout} on {cpu.describe(core.get_device())}; {where}')  # the CPU's kind: its timings
         print('  ' + ', '.join(f'{k}={flat[k]}' for k in keys))
 
@@ -404,7 +144,7 @@ class Run:
         if not self.save_dir:
             return
         error = None
-        if core.is_root():
+        if ranks.is_root():
             path = os.path.join(self.save_dir, f'{self.kind}_data.json')
             recorded = {}
             if os.path.exists(path):
@@ -437,7 +177,7 @@ class Run:
         TrainState or None. Collective. The end-of-run summary times the trainer from here (train_policy's
         reward phase, before it, has its own)."""
         self.started = time.time()
-        if self.save_dir and core.is_root() and self.tracked is not None:
+        if self.save_dir and ranks.is_root() and self.tracked is not None:
             self.stats.read()  # as it is now: the online loop resumes a run again after each round
         logged = self.stats.next_step()
         state = train_state.load_latest_train_state(self.model_dir, modules=modules, optimizer=optimizer,
@@ -448,7 +188,7 @@ class Run:
         done = bool(state and state.extra.get('done'))
         if self.save_dir:
             self.stats.rewind(None if done else state.step if state else 0)  # a finished run redoes nothing
-        if state and core.is_root():
+        if state and ranks.is_root():
             newest = train_state.train_state_steps(self.model_dir)[0]
             note = (f'; {self.stats.jsonl_path} ends before step {newest}: the steps from {state.step} are redone '
                     f'to log them again' if logged is not None and state.step <= logged < newest else '')
@@ -481,7 +221,7 @@ class Run:
     def _save(self, step, *, extra, model, done):
         modules = self.tracked['modules']
         for name, module in modules.items():
-            core.check_finite(step, **{f'{name} parameters': torch.stack(
+            finite.check_finite(step, **{f'{name} parameters': torch.stack(
                 [p.detach().float().abs().max() for p in module.parameters()])})
         module, model_hparams, encoding = self.tracked['model']
 
@@ -493,7 +233,7 @@ class Run:
             samplers=self.tracked['samplers'], extra=dict(extra, done=done), save_model=save_model if model else None)
         self.saved_step = step
         self.saved_model_step = step if model else self.saved_model_step
-        if core.is_root():
+        if ranks.is_root():
             self._prune_model_checkpoints()
 
     def _prune_model_checkpoints(self):
@@ -505,7 +245,7 @@ class Run:
         """The original's `finally: saver.save()` after an error: the model checkpoint of the weights
         reached, on the process carrying rank 0 alone (its peers may be gone), if it trained since it
         started or resumed, and they are finite and not saved yet."""
-        if (not self.save_dir or not core.is_root() or self.tracked is None or step == self.tracked['start']
+        if (not self.save_dir or not ranks.is_root() or self.tracked is None or step == self.tracked['start']
                 or self.saved_model_step == step):
             return
         module, model_hparams, encoding = self.tracked['model']
@@ -528,12 +268,12 @@ class Run:
             except KeyboardInterrupt as e:  # Stopped, or Ctrl-C's own where no handler is installed
                 self._report_stop(e, step())
                 raise
-            except (core.NonFiniteError, train_state.CheckpointWriteError):
+            except (finite.NonFiniteError, train_state.CheckpointWriteError):
                 raise  # nothing more is written: no non-finite values, and a failed save would only fail again
             except BaseException:
                 self.save_model_at_exit(step())
                 raise
-        if self.save_dir and core.is_root():
+        if self.save_dir and ranks.is_root():
             plots.plot_learning_curves(self.save_dir, kinds=(self.kind[len('train_'):],))
             print(self.summary(step()))
         signum = stopping.stop_signal_of_any_process()
@@ -547,7 +287,7 @@ class Run:
         (on the process carrying rank 0)."""
         signum = getattr(e, 'signum', signal.SIGINT)
         e.reported = True
-        if not core.is_root():
+        if not ranks.is_root():
             return
         # after Ctrl-C's ^C, on a line of its own
         stopped = ('\n' if signum == signal.SIGINT else '') + f'{self.kind} stopped by {stopping.signal_name(signum)}'
@@ -567,7 +307,7 @@ class Run:
     def summary(self, step):
         """The end-of-run lines: final metrics, wall time, where everything is and what to run next."""
         metrics = ', '.join(f'{k} {self.stats.last[k]:.4g}' for k in SUMMARY_METRICS[self.kind] if k in self.stats.last)
-        lines = [f'{self.kind} done: {step} steps in {_duration(time.time() - self.started)}'
+        lines = [f'{self.kind} done: {step} steps in {progress.duration(time.time() - self.started)}'
                  + (f'; {metrics}' if metrics else '')]
         if self.save_dir:
             ckpt = checkpoints.latest_checkpoint(self.model_dir)

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from lm_human_preferences.language import checkpoints
-from lm_human_preferences.utils import core, files, ranks
+from lm_human_preferences.utils import core, distributed, files, ranks
 
 TRAIN_STATE_SUBDIR = 'train_state'
 FORMAT = 'lm_human_preferences train state v2'
@@ -148,7 +148,7 @@ class CountingSampler:
 
     def __call__(self):
         batch = self.sampler()
-        rank = core.get_rank()
+        rank = ranks.get_rank()
         self.drawn[rank] = self.drawn.get(rank, 0) + 1
         return batch
 
@@ -163,7 +163,7 @@ class CountingSampler:
     def skip_to(self, batches_drawn):
         """Draw (in each rank's section) until every rank of this process has drawn batches_drawn batches."""
         def skip():
-            rank = core.get_rank()
+            rank = ranks.get_rank()
             if batches_drawn < self.drawn.get(rank, 0):
                 raise CheckpointError(f'cannot rewind a query sampler from batch {self.drawn[rank]} to {batches_drawn}')
             while self.drawn.get(rank, 0) < batches_drawn:
@@ -220,9 +220,9 @@ def save_train_state(save_dir, step, *, modules: Dict[str, torch.nn.Module], opt
     extra = dict(extra or {})
     samplers = dict(samplers or {})
     process_rng, local_rank_rngs = _local_rng_states()
-    rank_rngs = core.gather_ranks_to_root(local_rank_rngs)
+    rank_rngs = distributed.gather_ranks_to_root(local_rank_rngs)
     error = root_error = sidecar_path = None
-    if core.is_root():
+    if ranks.is_root():
         try:
             # The weights of a module that save_model wrote as a model checkpoint are read back from it
             # on resume instead of being stored a second time.
@@ -234,7 +234,7 @@ def save_train_state(save_dir, step, *, modules: Dict[str, torch.nn.Module], opt
                 json_state,
                 format=FORMAT,
                 step=int(step),
-                world_size=core.get_world_size(),
+                world_size=ranks.get_world_size(),
                 modules=sorted(modules),
                 samplers={k: s.batches_drawn for k, s in samplers.items()},
                 # The ranks' streams, and the process's own (the same in every process).
@@ -419,7 +419,7 @@ def load_latest_train_state(save_dir, *, modules: Dict[str, torch.nn.Module], op
     """
     samplers = dict(samplers or {})
     chosen = None
-    if core.is_root() and save_dir:
+    if ranks.is_root() and save_dir:
         try:
             chosen = _choose_train_state(save_dir, at_most)
         except CheckpointError as e:
@@ -463,9 +463,9 @@ def _read_state(sidecar, tensors_path, source, modules):
     """The tensors of a training state that fits this run (its ranks and modules)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
-    if sidecar['world_size'] != core.get_world_size():
+    if sidecar['world_size'] != ranks.get_world_size():
         raise CheckpointError(f'{source} was written by {sidecar["world_size"]} ranks, this run has '
-                              f'{core.get_world_size()}: resume with --mpi {sidecar["world_size"]}')
+                              f'{ranks.get_world_size()}: resume with --mpi {sidecar["world_size"]}')
     if sorted(modules) != sidecar['modules']:
         raise CheckpointError(f'{source} holds modules {sidecar["modules"]}, this run saves {sorted(modules)}')
     try:

@@ -14,18 +14,16 @@ The original's functions come first, in its order; ours follow them.
 """
 
 import collections.abc
-import math
 import os
 import sys
 import types
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from lm_human_preferences.utils import ranks
+from lm_human_preferences.utils import categorical, distributed, ranks, stats_table
 
 
 def get_device():
@@ -190,8 +188,8 @@ def sample_from_logits(logits, generator=None):
     """One categorical sample per row of logits (any leading shape); returns int64 token ids: the original's
     tf.random.categorical, by TF's own algorithm (a running sum of exp(logit - max), searched for uniform *
     total), with torch's random stream and the exp in float32 (PORTING.md says why, and what it costs)."""
-    samples, has_finite = sample_from_logits_unchecked(logits, generator)
-    check_rows_have_finite_logits(has_finite)
+    samples, has_finite = categorical.sample_from_logits_unchecked(logits, generator)
+    categorical.check_rows_have_finite_logits(has_finite)
     return samples
 
 
@@ -238,14 +236,14 @@ def mpi_bcast(value, root=0):
     tensors had static shapes); anything else (numpy arrays, python objects) is pickled.
     """
     ranks.refuse_in_section('mpi_bcast')
-    if not _processes_on():
+    if not distributed.processes_on():
         return value
     if isinstance(value, torch.Tensor):
-        buf = value.detach().to(_comm_device()).clone()
+        buf = value.detach().to(distributed.comm_device()).clone()
         dist.broadcast(buf, src=root)
         return buf.to(value.device)
     obj = [value if ranks.process_index() == root else None]
-    dist.broadcast_object_list(obj, src=root, device=_comm_device())
+    dist.broadcast_object_list(obj, src=root, device=distributed.comm_device())
     return obj[0]
 
 
@@ -271,9 +269,9 @@ def sync_params(params, root=0):
     Replaces the original's variable_synchronizer; chunked, one broadcast per chunk.
     """
     ranks.refuse_in_section('sync_params')
-    if not _processes_on():
+    if not distributed.processes_on():
         return
-    tensors = _module_tensors(params)
+    tensors = distributed.module_tensors(params)
     for batch in chunk_tensors(tensors):
         values = map_flat(lambda flat: mpi_bcast(flat, root=root), batch)
         for t, v in zip(batch, values):
@@ -283,7 +281,7 @@ def sync_params(params, root=0):
 def mpi_allreduce_sum(values):
     """The sum over all ranks of a value each rank computed (a tensor, numpy array or python number).
 
-    values: the list of the values of this process's ranks, in local_ranks() order (one value where a
+    values: the list of the values of this process's ranks, in ranks.local_ranks() order (one value where a
     process is a rank). Collective over processes; returns the same kind as the values.
     """
     ranks.refuse_in_section('mpi_allreduce_sum')
@@ -291,9 +289,10 @@ def mpi_allreduce_sum(values):
         raise TypeError(f'mpi_allreduce_sum takes the list of the values of this process\'s '
                         f'{len(ranks.local_ranks())} ranks, got {type(values).__name__}'
                         + (f' of {len(values)}' if isinstance(values, (list, tuple)) else ''))
-    if _processes_on():  # ours: every rank's value, added in rank order on every process, whatever the layout
+    # Ours: every rank's value, added in rank order on every process, whatever the layout.
+    if distributed.processes_on():
         device = values[0].device if isinstance(values[0], torch.Tensor) else None
-        values = [v if device is None else v.to(device) for v in all_gather_ranks(
+        values = [v if device is None else v.to(device) for v in distributed.all_gather_ranks(
             [v.cpu() if device is not None else v for v in values])]
     total = values[0]
     for v in values[1:]:
@@ -304,7 +303,7 @@ def mpi_allreduce_sum(values):
 def mpi_allreduce_mean(values):
     """The mean over all ranks; values as in mpi_allreduce_sum."""
     total = mpi_allreduce_sum(values)
-    scale = 1 / get_world_size()
+    scale = 1 / ranks.get_world_size()
     return total if scale == 1 else total * scale
 
 
@@ -365,7 +364,7 @@ def safe_zip(*args):
 def get_summary_writer(save_dir, subdir='', purge_step=None):
     """A TensorBoard writer under <save_dir>/tb/<subdir> on rank 0; None elsewhere or without a save_dir.
     purge_step (ours, for a resumed run): TensorBoard hides the events this dir holds from that step on."""
-    if not is_root() or save_dir is None:
+    if not ranks.is_root() or save_dir is None:
         return None
     # tensorboard uses TensorFlow's file I/O when TensorFlow is importable (here: tensorflow-cpu, for the
     # converter), which costs seconds per process; its own stub writes the same event files.
@@ -378,13 +377,13 @@ def get_summary_writer(save_dir, subdir='', purge_step=None):
 def record_stats(*, stats, summary_writer, step, log_interval):
     """Log stats (dict of name -> scalar, already averaged over ranks) on the process that carries rank 0:
     print a table every log_interval steps and write every step to TensorBoard. Returns the dict of floats
-    (on every process). training/run.py's StatsLog adds the JSONL file and wandb."""
-    means = {k: _to_float(v) for k, v in stats.items()}
+    (on every process). training/stats_log.py's StatsLog adds the JSONL file and wandb."""
+    means = {k: stats_table.to_float(v) for k, v in stats.items()}
     step = int(step)
-    if not is_root():
+    if not ranks.is_root():
         return means
     if log_interval and step % log_interval == 0:
-        print(_format_table(means, step))
+        print(stats_table.format_table(means, step))
     if summary_writer is not None:
         for k, v in means.items():
             summary_writer.add_scalar(k, v, global_step=step)
@@ -403,89 +402,19 @@ def mpi_allreduce_mean_grads(params):
     dropped None gradients. Collective over processes; nothing to do with one process.
     """
     ranks.refuse_in_section('mpi_allreduce_mean_grads')
-    if not _processes_on():
+    if not distributed.processes_on():
         return
     grads = [p.grad for p in params if p.grad is not None]
     scale = 1 / ranks.num_processes()
     for chunk in chunk_tensors(grads, limit=1 << 28):
-        values = map_flat(lambda flat: _processes_sum(flat.double()) * scale, chunk)
+        values = map_flat(lambda flat: distributed.sum_over_processes(flat.double()) * scale, chunk)
         for g, v in zip(chunk, values):
             g.copy_(v)
 
 
 # ---------------------------------------------------------------------------------------------------
-# Ours, after the original's functions: the sampler's and the trainers' helpers of the functions above.
-
-
-def logprobs_and_entropies_from_logits(*, logits, labels):
-    """Ours: (logprobs_from_logits, entropy_from_logits) of the same logits [..., n_vocab] from one
-    log-softmax: the entropy is -sum(p * log p) of it, computed without autograd (no loss of the original
-    differentiates an entropy). With GPT-2's 50,257-token vocabulary every pass over the logits counts: the
-    original's two functions made five (softmax, logsumexp, p * logits, their sum, the log-softmax), the
-    autograd graph keeping p; this makes three beyond the log-softmax, kept by nothing. Equal to float rounding."""
-    log_probs = torch.log_softmax(logits, dim=-1)
-    with torch.no_grad():
-        entropies = log_probs.exp().mul_(log_probs).sum(dim=-1).neg_()
-    return log_probs.gather(-1, labels.long().unsqueeze(-1)).squeeze(-1), entropies
-
-
-# Ours: the logits per block of sample_from_logits_unchecked's two-level running sum.
-SAMPLE_BLOCK = 256
-
-
-def _search_running_sum(cdf, target):
-    """The first index [rows, 1] whose running sum cdf [rows, n] exceeds target [rows, 1] (TF's upper bound);
-    for a target at or beyond the last running sum, the last index that raised it (of positive weight). (A row
-    of NaN sums, without a finite logit, gets an index inside the row: the caller reports it.)"""
-    index = torch.searchsorted(cdf, target, right=True)
-    last = torch.searchsorted(cdf, cdf[:, -1:].contiguous(), right=False)
-    return torch.where(index < cdf.shape[1], index, last).clamp_max_(cdf.shape[1] - 1)
-
-
-def sample_from_logits_unchecked(logits, generator=None, uniform=None):
-    """sample_from_logits without its check, which reads a value on the host: (samples, has_finite), where
-    has_finite [rows...] says which rows had a finite logit (the others got an arbitrary sample). A decoding
-    loop keeps the device busy and checks once after its last step (language/sample.py). uniform: the
-    float64 draw in [0, 1) of each row (ours: a decoding loop draws them beforehand), by default drawn
-    here from generator or the global stream."""
-    # Ours: the running sum in two levels, SAMPLE_BLOCK logits a block: the running sum of the blocks' sums
-    # picks the block, the running sum within it the sample. A running sum along 50,257 logits is a sequential
-    # pass, and it cost a CPU decoding step as much as its logits' matmul. The blocks' sums are float32, as
-    # the exps (~1e-7 relative, where the exps already are); the running sums float64, as TF's. Where the two
-    # levels' rounding leaves a target beyond a block's last running sum, the block's last token of positive
-    # weight is taken: a token of weight 0 (a non-finite logit, the padding) is never sampled.
-    rows, n = math.prod(logits.shape[:-1]), logits.shape[-1]
-    blocks = -(-n // SAMPLE_BLOCK)
-    # Non-finite logits take no part (TF's kernel skips them): as -inf, their weight exp(-inf - max) is 0, as
-    # the padding's to whole blocks. A row without a finite logit has max -inf and NaN weights, so its total
-    # is not > 0.
-    flat_logits = logits.new_empty((rows, blocks * SAMPLE_BLOCK), dtype=torch.float32)
-    flat_logits[:, n:] = -math.inf  # the padding only: the logits' part is written next
-    torch.nan_to_num(logits.reshape(rows, n).float(), nan=-math.inf, posinf=-math.inf, neginf=-math.inf,
-                     out=flat_logits[:, :n])
-    max_logit = flat_logits.amax(dim=-1, keepdim=True)  # [rows, 1]
-    weights = flat_logits.sub_(max_logit).exp_().view(rows, blocks, SAMPLE_BLOCK)
-    block_cdf = weights.sum(dim=-1).double().cumsum_(dim=-1)  # [rows, blocks], not normalized
-    total = block_cdf[:, -1:]
-    if uniform is None:
-        uniform = torch.rand(total.shape, dtype=torch.float64, device=total.device, generator=generator)
-    else:
-        uniform = uniform.reshape(total.shape)
-    target = uniform * total  # [rows, 1]
-    block = _search_running_sum(block_cdf, target)
-    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp_min(0)), 0.0)  # the blocks before it
-    in_block = weights.gather(1, block[:, :, None].expand(rows, 1, SAMPLE_BLOCK))[:, 0]  # [rows, SAMPLE_BLOCK]
-    offset = _search_running_sum(torch.cumsum(in_block, dim=-1, dtype=torch.float64).add_(before), target)
-    samples = (block * SAMPLE_BLOCK + offset).clamp_max_(n - 1).reshape(logits.shape[:-1])  # n - 1: rows of NaN
-    return samples, (total[:, 0] > 0).reshape(logits.shape[:-1])
-
-
-def check_rows_have_finite_logits(has_finite):
-    """FloatingPointError naming the rows of sample_from_logits_unchecked's has_finite that had no finite
-    logit (TF would have returned the out-of-vocabulary index n for them)."""
-    if not bool(has_finite.all()):
-        rows = torch.nonzero(~has_finite.reshape(-1)).flatten().tolist()
-        raise FloatingPointError(f'sample_from_logits: rows {rows[:10]} have no finite logits')
+# Ours, after the original's functions: tf.nn.moments, which the original's whiten uses, and this process's
+# index on its machine, which get_device uses.
 
 
 def moments(values, dim=None):
@@ -498,224 +427,7 @@ def moments(values, dim=None):
     return mean, torch.mean((values - mean.detach()) ** 2, dim, keepdim=True)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Ours, distributed: torch.distributed replaces MPI, and a rank is not a process (utils/ranks.py): the
-# `--mpi N` ranks are carried by the processes of the group, N / P each, side by side. With no
-# process group and no layout a process is one MPI rank (world size 1), so the trainers and tests run
-# unchanged in one process.
-#
-# Two kinds of collectives: the original's reductions over *ranks* (mpi_allreduce_sum / _mean) take the
-# list of this process's ranks' values; the rest (mpi_bcast, sync_params, all_gather_ranks) are over
-# *processes*, called once per process outside the rank sections (every rank of a process holds the
-# same models, so nothing per rank is lost); mpi_allreduce_mean_grads averages the processes' gradients.
-
-def get_rank():
-    """The rank whose section is running (utils/ranks.py); outside the sections, this process's first."""
-    return ranks.current_rank()
-
-
-def get_world_size():
-    """The number of ranks (the original's MPI world size), whichever number of processes carries them."""
-    return ranks.world_size()
-
-
-def is_root():
-    return get_rank() == 0
-
-
-def local_ranks():
-    """Ours: the ranks this process carries (utils/ranks.py), in order."""
-    return ranks.local_ranks()
-
-
-def for_each_rank(fn):
-    """Ours: [fn() in rank r's section for each rank r this process carries], one after another: there
-    get_rank() is r and the global random streams are r's (utils/ranks.py)."""
-    return ranks.for_each_rank(fn)
-
-
-def side_by_side(fn):
-    """Ours: fn() in each rank's section (its get_rank(), its random streams), the tensors it returns
-    concatenated rank after rank: a batch of the ranks this process carries side by side, each rank's rows
-    drawn from its own streams (utils/ranks.py). A tuple of tensors, as fn returns."""
-    return tuple(torch.cat(pieces) for pieces in zip(*for_each_rank(fn)))
-
-
 def get_local_rank():
     """This process's index on its machine (set by launch.py / torchrun); the original derived it from
     MPI host names."""
     return int(os.environ.get('LOCAL_RANK', '0'))
-
-
-def _comm_device():
-    # NCCL only moves CUDA tensors; gloo is used on CPU.
-    if dist.get_backend() == 'nccl':
-        return torch.device('cuda', torch.cuda.current_device())
-    return torch.device('cpu')
-
-
-def _processes_on():
-    return ranks.num_processes() > 1
-
-
-def _allreduce_tensor_sum(t):
-    # Reduce floats in fp32 like the original (its MPI buffer was float32; fp64 stays fp64), ints in int64.
-    if t.is_floating_point():
-        work_dtype = torch.float64 if t.dtype == torch.float64 else torch.float32
-    else:
-        work_dtype = torch.int64
-    buf = t.detach().to(device=_comm_device(), dtype=work_dtype).clone()
-    dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-    return buf.to(device=t.device, dtype=t.dtype)
-
-
-def _processes_sum(value):
-    """Sum over processes of a tensor, numpy array or python number; the same kind back."""
-    if not _processes_on():
-        return value
-    if isinstance(value, torch.Tensor):
-        return _allreduce_tensor_sum(value)
-    if isinstance(value, np.ndarray) or isinstance(value, np.generic):
-        arr = np.asarray(value)
-        out = _allreduce_tensor_sum(torch.from_numpy(np.ascontiguousarray(arr))).numpy()
-        return out if isinstance(value, np.ndarray) else out[()]
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        dtype = torch.float64 if isinstance(value, float) else torch.int64
-        out = _allreduce_tensor_sum(torch.tensor(value, dtype=dtype))
-        return type(value)(out.item())
-    raise TypeError(f'mpi_allreduce_sum: unsupported value of type {type(value).__name__}')
-
-
-def processes_sum(value):
-    """Ours: the sum over processes of a value each process computed for all the ranks it carries (a tensor,
-    numpy array or python number), e.g. totals over the rows of its ranks side by side. Collective over
-    processes; returns the same kind as the value."""
-    ranks.refuse_in_section('processes_sum')
-    return _processes_sum(value)
-
-
-def processes_min(value: int):
-    """Ours: the smallest of an integer each process computed, on every process. Collective over processes."""
-    ranks.refuse_in_section('processes_min')
-    if not _processes_on():
-        return value
-    buf = torch.tensor(value, dtype=torch.int64, device=_comm_device())
-    dist.all_reduce(buf, op=dist.ReduceOp.MIN)
-    return int(buf.item())
-
-
-def all_gather_ranks(values):
-    """Ours: [the value of rank 0, of rank 1, ...] on every process, from the list of this process's
-    ranks' values (picklable objects). Collective over processes."""
-    ranks.refuse_in_section('all_gather_ranks')
-    values = list(values)
-    if not _processes_on():
-        return values
-    gathered = [None] * ranks.num_processes()
-    dist.all_gather_object(gathered, values)
-    return [v for process_values in gathered for v in process_values]
-
-
-def gather_ranks_to_root(values):
-    """Ours: as all_gather_ranks, but only process 0 gets the list (None elsewhere)."""
-    ranks.refuse_in_section('gather_ranks_to_root')
-    values = list(values)
-    if not _processes_on():
-        return values
-    gathered = [None] * ranks.num_processes() if ranks.process_index() == 0 else None
-    dist.gather_object(values, gathered, dst=0)
-    return None if gathered is None else [v for process_values in gathered for v in process_values]
-
-
-def _module_tensors(params):
-    if isinstance(params, torch.nn.Module):
-        # Parameters and buffers (e.g. a reward model's gain/bias), in state_dict order (same on every rank).
-        return list(params.state_dict(keep_vars=True).values())
-    return list(params)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Ours: non-finite guards. The original asserted np.isfinite on the normalization statistics only; a NaN
-# loss or gradient went into Adam and every later weight. The trainers check their losses, gradient
-# norms and rewards right where they are computed, before an update is applied or a state saved.
-
-class NonFiniteError(FloatingPointError):
-    """A loss, reward or gradient is NaN or infinite."""
-
-
-def grad_norm(params):
-    """The global L2 norm of the .grad of params (those with one), as a 0-d fp32 tensor (every tensor's norm
-    in one multi-tensor op, then theirs)."""
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros(())
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
-
-
-def per_rank(name, values):
-    """{name: value} for check_finite from one value per rank this process carries, each named for its
-    rank where there are several ranks ('loss of rank 3')."""
-    if get_world_size() == 1:
-        return {name: values[0]}
-    return {f'{name} of rank {r}': v for r, v in zip(local_ranks(), values)}
-
-
-def check_finite(step, **metrics):
-    """Raise NonFiniteError naming the step and the metric if any value (a number or a tensor) is NaN or
-    infinite. Called before the optimizer step and before any save, so no bad state is ever applied or
-    written: the last checkpoint stays the last good one."""
-    for name, value in metrics.items():
-        t = torch.as_tensor(value).detach()
-        finite = torch.isfinite(t)
-        if not bool(finite.all()):
-            bad = t[~finite].flatten()
-            where = '' if t.dim() == 0 else f' ({bad.numel()} of {t.numel()} values, e.g. {bad[0].item()})'
-            value_str = f'{t.item()}' if t.dim() == 0 else 'non-finite'
-            raise NonFiniteError(f'non-finite {name} at step {step}: {value_str}{where}; training stopped '
-                                 f'(the checkpoints already written are kept)')
-
-
-# ---------------------------------------------------------------------------------------------------
-# Ours: microbatches (run.microbatch_size), autocast (run.bf16), and record_stats's table.
-
-def microbatches(n, size):
-    """Ours: slices [0, size), [size, 2 size), ... covering range(n), the pieces of a batch of n rows that
-    a model pass of at most `size` rows takes one after another (run.microbatch_size); None: one piece."""
-    if size is None or size >= n:
-        return [slice(0, n)]
-    return [slice(start, min(start + size, n)) for start in range(0, n, size)]
-
-
-def cat_pieces(pieces):
-    """torch.cat of a list of tensors, or of dicts of tensors key by key; a single piece as it is."""
-    if len(pieces) == 1:
-        return pieces[0]
-    if isinstance(pieces[0], dict):
-        return {k: torch.cat([p[k] for p in pieces]) for k in pieces[0]}
-    return torch.cat(pieces)
-
-
-def microbatched(fn, size, *tensors):
-    """Ours: fn(*tensors) computed on microbatches of at most `size` rows (microbatches) and concatenated;
-    fn returns a tensor or a dict of tensors, rows first."""
-    return cat_pieces([fn(*(t[piece] for t in tensors)) for piece in microbatches(len(tensors[0]), size)])
-
-
-def autocast(enabled, device=None):
-    """Ours, the one autocast helper: bf16 autocast on `device` (default: ours, get_device()) where enabled; a
-    no-op block elsewhere (the original ran fp32; run.bf16 turns it on: training/execution.py)."""
-    return torch.autocast(device_type=(device or get_device()).type, dtype=torch.bfloat16, enabled=enabled)
-
-
-def _to_float(v):
-    if isinstance(v, torch.Tensor):
-        return v.detach().float().item()
-    return float(v)
-
-
-def _format_table(means, step):
-    rows = [('step', str(step))] + [(k, f'{v:.6g}') for k, v in sorted(means.items())]
-    kw = max(len(k) for k, _ in rows)
-    vw = max(len(v) for _, v in rows)
-    line = '-' * (kw + vw + 7)
-    return '\n'.join([line] + [f'| {k:<{kw}} | {v:>{vw}} |' for k, v in rows] + [line])

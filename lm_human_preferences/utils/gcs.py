@@ -29,7 +29,7 @@ from urllib.parse import unquote, urlparse
 
 import requests
 
-from lm_human_preferences.utils import files
+from lm_human_preferences.utils import files, ranks
 
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -316,7 +316,7 @@ def download_file_cached(url, *, cache_dir=None, validate=None, retries=4, backo
     from lm_human_preferences.utils import core  # lazily: core imports torch
     dest = cached_path(url, cache_dir=cache_dir)
     error = None
-    if core.is_root():
+    if ranks.is_root():
         try:
             if os.path.exists(dest):
                 _check_cached(url, dest, validate)
@@ -333,7 +333,7 @@ def download_file_cached(url, *, cache_dir=None, validate=None, retries=4, backo
     if error is not None:
         raise DownloadError(error)
     if not os.path.exists(dest):
-        raise DownloadError(f'could not download {url}: rank 0 downloaded it to {dest}, which rank {core.get_rank()} '
+        raise DownloadError(f'could not download {url}: rank 0 downloaded it to {dest}, which rank {ranks.get_rank()} '
                            f'cannot see (the cache dir must be shared by all ranks)')
     return dest
 
@@ -350,7 +350,7 @@ def download_hub_snapshot(repo_id, *, allow_patterns, cache_dir, note=''):
     from lm_human_preferences.utils import core  # lazily: core imports torch
     what = f"could not download the Hugging Face model '{repo_id}'{note}"
     error = None
-    if core.is_root():
+    if ranks.is_root():
         try:
             snapshot_download(repo_id, allow_patterns=allow_patterns, cache_dir=cache_dir)
         except errors.GatedRepoError:

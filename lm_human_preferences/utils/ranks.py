@@ -13,7 +13,7 @@ block of every batch the trainers make (its queries, rollouts, minibatches, labe
 serves all of them (a GPU is dispatch-bound on one small rank at a time). Whatever the original computed per
 rank the trainers compute per block: whitening, per-rank stats, losses (the gradient is that of the mean of
 the ranks' losses). What a rank draws at random it draws inside `rank_section(rank)`: there
-`core.get_rank()` is that rank and the global random streams (torch, CUDA, numpy, random) are that rank's
+`get_rank()` is that rank and the global random streams (torch, CUDA, numpy, random) are that rank's
 own, swapped in on entry and out on exit, so each rank's queries, sampling draws and shuffles come from its
 own stream (for_each_rank). What every rank of the original held identically (the models, gradients
 averaged over ranks, the optimizer, the KL controller) exists once per process and lives outside the
@@ -21,12 +21,15 @@ sections, as does everything that is collective over processes (core.mpi_bcast, 
 core.mpi_allreduce_mean_grads): calling one inside a section is refused. Values reduced over ranks
 (core.mpi_allreduce_sum / _mean) are passed as the list of this process's ranks' values.
 
-Outside the sections a process acts as its first rank (so `core.is_root()` there means "carries rank 0")
+Outside the sections a process acts as its first rank (so `is_root()` there means "carries rank 0")
 and uses its own random streams, seeded the same in every process: model initialisation draws from them,
 not from the ranks' streams, as TF's graph-level seeding kept initialisers and sampling apart.
 
 Without a layout (code not started by utils/launch.py, e.g. a test calling a trainer) every process of
 the group carries one rank, which is the original's arrangement.
+
+The ranks have one spelling, this module's: get_rank(), get_world_size(), is_root(), local_ranks(),
+for_each_rank(fn), concat_ranks(fn). The collectives over processes are utils/distributed.py's.
 """
 
 import contextlib
@@ -83,7 +86,8 @@ def carry(world_size):
         _rng.clear()
 
 
-def world_size():
+def get_world_size():
+    """The number of ranks (the original's MPI world size), whichever number of processes carries them."""
     return layout().world_size
 
 
@@ -93,9 +97,14 @@ def local_ranks():
     return range(lay.first, lay.first + lay.count)
 
 
-def current_rank():
+def get_rank():
     """The rank whose section is running; outside the sections, this process's first rank."""
     return _current if _current is not None else layout().first
+
+
+def is_root():
+    """Whether the running rank is rank 0 (outside the sections: whether this process carries it)."""
+    return get_rank() == 0
 
 
 def in_section():
@@ -170,7 +179,7 @@ def set_rank_rng_states(states):
 
 @contextlib.contextmanager
 def rank_section(rank):
-    """Run the block as `rank`: core.get_rank() is rank and, once set_mpi_seed has seeded the ranks, the
+    """Run the block as `rank`: get_rank() is rank and, once set_mpi_seed has seeded the ranks, the
     global random streams are rank's own (each section continues them where its last one stopped)."""
     global _current
     if _current is not None:
@@ -198,3 +207,10 @@ def for_each_rank(fn):
         with rank_section(rank):
             results.append(fn())
     return results
+
+
+def concat_ranks(fn):
+    """fn() in each rank's section (its get_rank(), its random streams), the tensors it returns concatenated
+    rank after rank: a batch of the ranks this process carries side by side, each rank's rows drawn from its
+    own streams. A tuple of tensors, as fn returns."""
+    return tuple(torch.cat(pieces) for pieces in zip(*for_each_rank(fn)))

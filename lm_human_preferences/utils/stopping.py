@@ -7,7 +7,7 @@ import contextlib
 import signal
 import threading
 
-from lm_human_preferences.utils import core
+from lm_human_preferences.utils import distributed
 
 # Ctrl-C, a scheduler's SIGTERM (Slurm, Kubernetes, torchrun's shutdown) and the notice Slurm sends ahead of
 # a time limit (sbatch --signal=USR1@SECONDS).
@@ -48,7 +48,7 @@ def _on_stop_signal(signum, frame):
 
 def stop_signal_of_any_process():
     """The stop signal any process received (the highest number), 0 for none. Collective."""
-    return -core.processes_min(-(_stop['requested'] or 0))
+    return -distributed.processes_min(-(_stop['requested'] or 0))
 
 
 @contextlib.contextmanager

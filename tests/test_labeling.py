@@ -1,8 +1,10 @@
 """The labeling session (labeling/store.py), its questions (questions.py), its HTTP API (server.py, through real
 requests on 127.0.0.1) and the export to TRL's preference format (export.py). The page in a real browser, the
 command line and kill -9 of the server: tests/test_labeling_page.py."""
+import http.client
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 
@@ -101,9 +103,8 @@ def test_a_labeler_is_never_asked_a_question_twice(tmp_path):
             store.answer('ann', question['id'], 1)
     assert sorted(seen) == sorted(store.order)  # each once, answered or skipped
     for question_id in store.order:
-        with pytest.raises(LabelingError) as e:
+        with pytest.raises(store_module.NotNow):
             store.answer('ann', question_id, 0)
-        assert e.value.status == 409
     # What ann skipped is open to another labeler; what she answered is not.
     skipped = [q for q in seen if store.done_by['ann'][q] == 'skip']
     bob = []
@@ -216,9 +217,8 @@ def test_secrets_and_names(tmp_path):
     store = new_store(tmp_path, 2, labelers={'ann': 'sesame'})
     assert store.check_labeler('ann', 'sesame') == 'ann'
     for name, key in (('ann', 'wrong'), ('ann', None), ('bob', 'sesame')):
-        with pytest.raises(LabelingError) as e:
+        with pytest.raises(store_module.WrongLabeler):
             store.check_labeler(name, key)
-        assert e.value.status == 403
     with pytest.raises(LabelingError, match='labeler name'):
         new_store(tmp_path / 'open', 1).check_labeler('../x')
     assert set(store_module.parse_labelers('a, b')) == {'a', 'b'}
@@ -231,7 +231,28 @@ def test_secrets_and_names(tmp_path):
 
 class Api:
     def __init__(self, server):
+        self.port = server.port
         self.base = f'http://127.0.0.1:{server.port}'
+
+    def raw(self, method, path, *, headers=None, body=b'', send_body=True):
+        """A request with exactly these headers (Host and Content-Length included unless given): (status, reply)."""
+        connection = http.client.HTTPConnection('127.0.0.1', self.port, timeout=10)
+        try:
+            connection.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+            headers = dict(headers or {})
+            headers.setdefault('Host', f'127.0.0.1:{self.port}')
+            if method == 'POST':
+                headers.setdefault('Content-Length', str(len(body)))
+            for k, v in headers.items():
+                connection.putheader(k, v)
+            connection.endheaders()
+            if send_body and body:
+                connection.send(body)
+            reply = connection.getresponse()
+            data = reply.read()
+            return reply.status, json.loads(data) if reply.getheader('Content-Type') == 'application/json' else data
+        finally:
+            connection.close()
 
     def call(self, method, path, body=None, raw=None):
         data = raw if raw is not None else None if body is None else json.dumps(body).encode()
@@ -320,6 +341,122 @@ def test_api_refuses_a_second_answer(api):
     # the same question through the other labeler: it wanted one answer, it has it
     status, reply = api.json('POST', '/api/answer', dict(body, labeler='bob', key='k2'))
     assert status == 409 and 'has all the answers it wants' in reply['error'] and snapshot(store) == before
+
+
+JSON = {'Content-Type': 'application/json'}
+
+
+def shown_to(api, labeler, key):
+    return api.json('GET', f'/api/next?labeler={labeler}&key={key}')[1]['question']['id']
+
+
+@pytest.mark.parametrize('headers, status, says', [
+    ({'Content-Type': 'text/plain'}, 415, 'application/json'),  # what a page of another origin can send unasked
+    ({'Content-Type': 'application/x-www-form-urlencoded'}, 415, 'application/json'),
+    ({}, 415, 'application/json'),
+    (dict(JSON, Origin='http://evil.example'), 403, 'only this page'),
+    (dict(JSON, Origin='null'), 403, 'only this page'),
+    (dict(JSON, Origin='http://127.0.0.1:1'), 403, 'only this page'),  # another port of this machine: another site
+    (dict(JSON, Host='evil.example'), 403, "Host 'evil.example'"),  # DNS rebinding: a name pointed here
+    (dict(JSON, Host='evil.example:{port}', Origin='http://evil.example:{port}'), 403, 'Host'),
+    (dict(JSON, **{'Sec-Fetch-Site': 'cross-site'}), 403, 'another site'),
+])
+def test_api_refuses_what_another_site_can_send(api, headers, status, says):
+    """The request of issue #47's hostile page (a no-cors POST of text/plain) and its kin: refused, nothing kept;
+    the same answer with this page's headers is taken."""
+    api, store = api
+    question = shown_to(api, 'ann', 'k1')
+    body = json.dumps(dict(labeler='ann', key='k1', question=question, choice=0)).encode()
+    before = snapshot(store)
+    headers = {k: v.format(port=api.port) for k, v in headers.items()}
+    got, reply = api.raw('POST', '/api/answer', headers=headers, body=body)
+    assert got == status and says in reply['error'], reply
+    assert snapshot(store) == before
+    ours = dict(JSON, Origin=f'http://127.0.0.1:{api.port}', **{'Sec-Fetch-Site': 'same-origin'})
+    assert api.raw('POST', '/api/answer', headers=ours, body=body)[0] == 200 and len(store.events) == 1
+
+
+def test_a_name_pointed_here_reads_nothing(api):
+    api, store = api
+    for path in ('/', '/api/next?labeler=ann&key=k1', '/api/status', '/page/label.js'):
+        got, reply = api.raw('GET', path, headers={'Host': f'rebound.example:{api.port}'})
+        assert got == 403 and 'Host' in reply['error']
+    assert api.raw('GET', '/', headers={'Host': f'localhost:{api.port}'})[0] == 200
+    assert not store.leases  # no question was shown
+
+
+@pytest.mark.parametrize('key', ['k1', 'wrong', None])
+def test_a_large_body_is_refused_before_it_is_read(api, key):
+    """413 on the Content-Length alone, before the body is read or the key checked: the body is never sent here."""
+    api, store = api
+    before = snapshot(store)
+    headers = dict(JSON, **{'Content-Length': str(300_000_000)})
+    start = time.time()
+    got, reply = api.raw('POST', '/api/answer', headers=headers, body=b'{' * 100, send_body=False)
+    assert got == 413 and '300000000 bytes' in reply['error'] and time.time() - start < 5
+    got, reply = api.raw('POST', '/api/answer', headers=dict(JSON, **{'Content-Length': '4097'}), send_body=False)
+    assert got == 413
+    got, _ = api.raw('POST', '/api/answer', headers=dict(JSON, **{'Transfer-Encoding': 'chunked'}), send_body=False)
+    assert got == 411
+    assert snapshot(store) == before
+
+
+def test_answers_only_to_the_question_shown_to_the_labeler(api):
+    api, store = api
+    bobs = shown_to(api, 'bob', 'k2')
+    never_shown = next(q for q in store.order if q != bobs)
+    before = snapshot(store)
+    for question in (bobs, never_shown):
+        for path, extra in (('/api/answer', dict(choice=0)), ('/api/skip', {})):
+            status, reply = api.json('POST', path, dict(labeler='ann', key='k1', question=question, **extra))
+            assert status == 409 and f'{question} is not the one shown to ann' in reply['error']
+    assert snapshot(store) == before
+    assert api.json('POST', '/api/answer', dict(labeler='bob', key='k2', question=bobs, choice=0))[0] == 200
+
+
+def test_status_off_loopback_needs_a_labelers_key(tmp_path):
+    """Behind a reverse proxy (--origin) the page is reached from the network: who labels and how much is for the
+    session's labelers; on loopback it is open, and no path of this machine is shown."""
+    store = new_store(tmp_path, 2, labelers={'ann': 'k1'})
+    for origin in ('https://labels.example.org', None):
+        server = LabelServer(host='127.0.0.1', port=0, origin=origin).start()
+        server.set_session(store)
+        try:
+            api = Api(server)
+            status, reply = api.json('GET', '/api/status')
+            if origin:
+                assert status == 403 and 'named labelers' in reply['error']
+                proxied = {'Host': 'labels.example.org', 'Origin': 'https://labels.example.org'}
+                assert api.raw('GET', '/api/status', headers=proxied)[0] == 403
+                status, reply = api.raw('GET', '/api/status?labeler=ann&key=k1', headers=proxied)
+            assert status == 200 and reply['labelers'] == {} and str(tmp_path) not in json.dumps(reply)
+        finally:
+            server.stop()
+    store.close_files()
+
+
+@pytest.mark.parametrize('body, says', [
+    (dict(question=['q000000'], choice=0), 'expected a question id'),
+    (dict(question={'id': 'q000000'}, choice=0), 'expected a question id'),
+    (dict(question='q000000', choice=0, seconds=-5), 'seconds -5'),
+    (dict(question='q000000', choice=0, seconds='3'), "seconds '3'"),
+    (dict(question='q000000', choice=0, key=7), 'key'),
+    (dict(question='q000000', choice=0, labeler=['ann']), 'labeler name'),
+    (b'{"labeler": "ann", "key": "k1", "question": "q000000", "choice": 0, "seconds": NaN}', 'not JSON'),
+    (b'{"labeler": "ann", "key": "k1", "question": "q000000", "choice": 0, "seconds": Infinity}', 'not JSON'),
+    (b'[' * 2000 + b']' * 2000, 'not JSON'),  # nested deeper than the parser goes
+])
+def test_malformed_bodies_are_400_json(api, body, says):
+    api, store = api
+    shown_to(api, 'ann', 'k1')
+    before = snapshot(store)
+    raw = body if isinstance(body, bytes) else json.dumps(dict(dict(labeler='ann', key='k1'), **body)).encode()
+    status, reply = api.json('POST', '/api/answer', raw=raw)
+    assert status == 400 and says in reply['error'], reply
+    assert snapshot(store) == before
+    json.loads((tmp := open(os.path.join(store.directory, 'answers.jsonl')).read()) or 'null',
+               parse_constant=lambda c: pytest.fail(f'{c} in answers.jsonl'))
+    del tmp
 
 
 def test_api_between_sessions_says_waiting(tmp_path):

@@ -49,16 +49,29 @@ COMPARE_SCALE = (-3, 3)
 
 
 class LabelingError(ValueError):
-    """A request the store refuses, changing nothing; status is the HTTP status the server answers with."""
+    """A request the store refuses, changing nothing (the server answers each kind with its HTTP status)."""
 
-    def __init__(self, message, status=400):
-        super().__init__(message)
-        self.status = status
+
+class BadAnswer(LabelingError):
+    """A value the session cannot take: a choice off the scale, a malformed labeler name or question id."""
+
+
+class WrongLabeler(LabelingError):
+    """A labeler not named in the session, or a wrong secret."""
+
+
+class UnknownQuestion(LabelingError):
+    """No question of the session has this id."""
+
+
+class NotNow(LabelingError):
+    """A request the session's state refuses: a second answer, a question not shown to this labeler, a closed
+    session, nothing to undo."""
 
 
 def check_labeler_name(name):
     if not isinstance(name, str) or not LABELER_NAME.fullmatch(name):
-        raise LabelingError(f'labeler name {name!r}: use 1 to 40 letters, digits, "_", "." or "-"', 400)
+        raise BadAnswer(f'labeler name {name!r}: use 1 to 40 letters, digits, "_", "." or "-"')
     return name
 
 
@@ -95,8 +108,12 @@ def overlap_question(index, share):
     return int((index + 1) * share) > int(index * share)
 
 
+def _line(record):
+    return (json.dumps(record, allow_nan=False) + '\n').encode()  # strict JSON: no NaN a strict reader refuses
+
+
 def _append_line(f, record):
-    f.write((json.dumps(record) + '\n').encode())
+    f.write(_line(record))
     f.flush()
     os.fsync(f.fileno())
 
@@ -272,14 +289,14 @@ class LabelStore:
 
     def check_labeler(self, labeler, key=None):
         """The labeler's name if they may label (named in the session with this secret, or any name in an open
-        session); LabelingError 403 otherwise."""
+        session); WrongLabeler otherwise."""
         check_labeler_name(labeler)
         secrets = self.session['labelers']
         if secrets is not None:
             # hmac: a comparison in constant time
             if labeler not in secrets or not isinstance(key, str) or not hmac.compare_digest(secrets[labeler], key):
-                raise LabelingError(f'labeler {labeler!r} is not named in this session or its key is wrong: use '
-                                    f'the link printed for you', 403)
+                raise WrongLabeler(f'labeler {labeler!r} is not named in this session or its key is wrong: use '
+                                   f'the link printed for you')
         return labeler
 
     def _available(self, question_id, labeler, now):
@@ -317,18 +334,28 @@ class LabelStore:
     # Answers
 
     def _question_for(self, labeler, question_id):
+        if not isinstance(question_id, str):
+            raise BadAnswer(f'question {question_id!r}: expected a question id, e.g. "q000000"')
         if question_id not in self.questions:
-            raise LabelingError(f'unknown question {question_id!r}', 404)
+            raise UnknownQuestion(f'unknown question {question_id!r}')
         if self.closed:
-            raise LabelingError('this session is closed: it takes no more answers', 409)
+            raise NotNow('this session is closed: it takes no more answers')
         done = self.done_by.get(labeler, {}).get(question_id)
         if done is not None:
-            raise LabelingError(f'question {question_id} was {"answered" if done == "answer" else "skipped"} by '
-                                f'{labeler} already', 409)
+            raise NotNow(f'question {question_id} was {"answered" if done == "answer" else "skipped"} by '
+                         f'{labeler} already')
         if len(self.answers.get(question_id, [])) >= self.wanted(question_id):
-            raise LabelingError(f'question {question_id} has all the answers it wants (another labeler answered '
-                                f'it)', 409)
+            raise NotNow(f'question {question_id} has all the answers it wants (another labeler answered it)')
         return self.questions[question_id]
+
+    def _leased(self, labeler, question_id):
+        """When the question was shown to the labeler, who may answer or skip only the question shown to them
+        (a question leased to another, or never shown, is not theirs to answer)."""
+        lease = self.leases.get(labeler)
+        if lease is None or lease[0] != question_id:
+            raise NotNow(f'question {question_id} is not the one shown to {labeler}: answer the question the page '
+                         f'shows (GET /api/next)')
+        return lease[1]
 
     def label_of(self, choice, order):
         """The label (the original's field and value) of a person's choice on the page, given the order the
@@ -336,14 +363,14 @@ class LabelStore:
         scalar_rating, a score on RATING_SCALE; scalar_compare, a value on COMPARE_SCALE, positive when the
         second shown response is better -> `difference`, sample1's minus sample0's."""
         if isinstance(choice, bool) or not isinstance(choice, (int, float)):
-            raise LabelingError(f'choice {choice!r}: expected a number', 400)
+            raise BadAnswer(f'choice {choice!r}: expected a number')
         if self.label_key == 'best':
             if not isinstance(choice, int) or not 0 <= choice < len(order):
-                raise LabelingError(f'choice {choice!r}: pick a response by its position, 0 to {len(order) - 1}', 400)
+                raise BadAnswer(f'choice {choice!r}: pick a response by its position, 0 to {len(order) - 1}')
             return order[choice]
         low, high = RATING_SCALE if self.label_key == 'score' else COMPARE_SCALE
-        if not low <= choice <= high:
-            raise LabelingError(f'choice {choice!r}: expected a number from {low} to {high}', 400)
+        if not low <= choice <= high:  # NaN is no number from low to high either
+            raise BadAnswer(f'choice {choice!r}: expected a number from {low} to {high}')
         if self.label_key == 'difference':
             return float(choice) if order == [0, 1] else -float(choice)
         return float(choice)
@@ -354,18 +381,21 @@ class LabelStore:
         self._write_labels()
 
     def answer(self, labeler, question_id, choice, *, client_seconds=None, now=None):
-        """Record the labeler's answer to the question (choice: as label_of reads it); returns the event.
-        LabelingError (nothing changes) for an unknown question, a second answer, a bad choice."""
+        """Record the labeler's answer to the question shown to them (choice: as label_of reads it; client_seconds:
+        how long the page says it took, a number at least 0, or None); returns the event. LabelingError (nothing
+        changes) for an unknown question, a second answer, a question not shown to them, a bad choice."""
         now = time.time() if now is None else now
+        if client_seconds is not None and (isinstance(client_seconds, bool) or not isinstance(
+                client_seconds, (int, float)) or not 0 <= client_seconds < float('inf')):
+            raise BadAnswer(f'seconds {client_seconds!r}: expected the seconds the answer took, a number at least 0')
         with self._lock:
             self._question_for(labeler, question_id)
             order = self.shown_order(question_id, labeler)
             label = self.label_of(choice, order)
-            lease = self.leases.get(labeler)
-            shown = lease[1] if lease is not None and lease[0] == question_id else None
+            shown = self._leased(labeler, question_id)
             event = dict(event='answer', question=question_id, labeler=labeler, label={self.label_key: label},
                          choice=choice, order=order, shown_at=shown, answered_at=now,
-                         seconds=None if shown is None else round(now - shown, 3), client_seconds=client_seconds)
+                         seconds=round(now - shown, 3), client_seconds=client_seconds)
             self._log(event)
             self.leases.pop(labeler, None)
             return event
@@ -381,22 +411,20 @@ class LabelStore:
                 event = dict(event='answer', question=question_id, labeler=labeler, label={self.label_key: value},
                              choice=None, order=order, shown_at=None, answered_at=now, seconds=None,
                              client_seconds=None)
-                self._answers_file.write((json.dumps(event) + '\n').encode())
+                self._answers_file.write(_line(event))
                 self._apply(event)
             self._answers_file.flush()
             os.fsync(self._answers_file.fileno())
             self._write_labels()
 
     def skip(self, labeler, question_id, *, now=None):
-        """The labeler passes on the question: never shown to them again, open to others."""
+        """The labeler passes on the question shown to them: never shown to them again, open to others."""
         now = time.time() if now is None else now
         with self._lock:
             self._question_for(labeler, question_id)
-            lease = self.leases.get(labeler)
-            shown = lease[1] if lease is not None and lease[0] == question_id else None
+            shown = self._leased(labeler, question_id)
             self._log(dict(event='skip', question=question_id, labeler=labeler, order=self.shown_order(
-                question_id, labeler), shown_at=shown, answered_at=now,
-                seconds=None if shown is None else round(now - shown, 3)))
+                question_id, labeler), shown_at=shown, answered_at=now, seconds=round(now - shown, 3)))
             self.leases.pop(labeler, None)
 
     def undo(self, labeler, *, now=None):
@@ -405,10 +433,10 @@ class LabelStore:
         now = time.time() if now is None else now
         with self._lock:
             if self.closed:
-                raise LabelingError('this session is closed: its answers are final', 409)
+                raise NotNow('this session is closed: its answers are final')
             history = self.history.get(labeler, [])
             if not history:
-                raise LabelingError(f'{labeler} has no answer or skip to undo', 409)
+                raise NotNow(f'{labeler} has no answer or skip to undo')
             question_id = history[-1]['question']
             self._log(dict(event='undo', question=question_id, labeler=labeler, at=now))
             self.leases[labeler] = (question_id, now)
@@ -481,7 +509,7 @@ class LabelStore:
                      if self.label_key == 'best' and self.questions[e['question']].get('pi_samples')]
         return dict(wins=sum(picks) / len(picks) if picks else None, answers=len(picks))
 
-    def log_summary(self):
+    def per_labeler(self):
         """Per labeler: answers, skips, median seconds an answer took (as the server timed them)."""
         with self._lock:
             summary = {}

@@ -2,18 +2,20 @@
 requests on 127.0.0.1) and the export to TRL's preference format (export.py). The page in a real browser, the
 command line and kill -9 of the server: tests/test_labeling_page.py."""
 import http.client
+import importlib.util
 import json
 import os
 import time
 import urllib.error
+from pathlib import Path
 import urllib.request
 
 import numpy as np
 import pytest
 import torch
 
-from lm_human_preferences import label_types, lm_tasks, train_reward
-from lm_human_preferences.labeling import export, questions, store as store_module
+from lm_human_preferences import label_types, lm_tasks, train_policy, train_reward
+from lm_human_preferences.labeling import export, questions, session as session_module, store as store_module
 from lm_human_preferences.labeling.server import LabelServer
 from lm_human_preferences.labeling.store import LabelStore, LabelingError
 from lm_human_preferences.language import encodings, trained_models
@@ -184,6 +186,35 @@ def test_a_kill_loses_at_most_the_event_being_written(tmp_path):
     reopened.answer('ann', question['id'], 0)  # the next append starts a line of its own
     reopened.close_files()
     assert LabelStore(directory).progress()['done'] == 4
+
+
+def test_a_damaged_question_file_is_named_never_emptied_and_restored_from_its_batch_made_again(tmp_path):
+    """A torn last line of questions.jsonl while answers.jsonl holds answers to its batch is damage, not a kill (a
+    batch is on disk before any of it is shown): one line naming the file and what to do, the file untouched;
+    the batch made again (the same) is written back, and every answer stays."""
+    store = new_store(tmp_path, 6)
+    for _ in range(3):
+        question, _ = store.next_for('ann')
+        store.answer('ann', question['id'], 1)
+    store.close_files()
+    path = tmp_path / 'session' / 'questions.jsonl'
+    path.write_bytes(path.read_bytes()[:-40])
+    damaged = path.read_bytes()
+    for writable in (True, False):
+        with pytest.raises(store_module.DamagedSession) as e:
+            LabelStore(store.directory, writable=writable)
+        assert str(path) in str(e.value) and 'restore it from a copy' in str(e.value) and '\n' not in str(e.value)
+        assert e.value.batch == 0 and path.read_bytes() == damaged  # never emptied
+    with pytest.raises(store_module.DamagedSession, match='made again differs'):
+        LabelStore.restore_batch(store.directory, 0, make_questions(6, seed=1))
+    restored = LabelStore.restore_batch(store.directory, 0, make_questions(6))
+    assert len(restored.order) == 6 and restored.progress()['done'] == 3 and len(labels_file(restored)) == 3
+    restored.close_files()
+    # answers to questions the file lacks altogether: named, one line
+    with open(tmp_path / 'session' / 'answers.jsonl', 'a') as f:
+        f.write(json.dumps(dict(event='skip', question='q000050', labeler='bob')) + '\n')
+    with pytest.raises(store_module.DamagedSession, match='answers 1 questions that .* lacks \\(q000050 first\\)'):
+        LabelStore(store.directory)
 
 
 def test_scalar_labels_on_their_scales(tmp_path):
@@ -569,3 +600,37 @@ def test_export_gives_trls_preference_pairs(tmp_path):
         export.export_labels(store.directory, str(tmp_path / 'hf'))
     with pytest.raises(ValueError, match='holds no labeling session'):
         export.export_labels(str(tmp_path), str(tmp_path / 'hf3'))
+
+
+# ---------------------------------------------------------------------------------------------------
+# What is asked
+
+def launcher():
+    spec = importlib.util.spec_from_file_location('top_launch', Path(__file__).resolve().parents[1] / 'launch.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def experiment_hparams(trials, cls):
+    hparams = cls()
+    hparams.override_from_dict({k: v for k, v, _ in trials[0] if k is not None})
+    return hparams
+
+
+@pytest.mark.parametrize('experiment, asks', [
+    ('sentiment', 'Which continuation is the most positive and happy?'),
+    ('descriptiveness', 'Which continuation is the most vividly descriptive?'),  # the same dataset as sentiment
+    ('cnndm', 'Which is the best summary of the article?'),
+    ('tldr', 'Which is the best summary of the post?'),
+    ('sentiment_mini', 'Which continuation is the most positive and happy?'),
+    ('demo', "Which response has the most letters 'e'?"),
+    ('test', 'Which response is the best?'),
+])
+def test_the_label_command_and_the_online_loop_ask_the_tasks_question(experiment, asks):
+    """One lookup: the label command's hparams (a train_reward experiment) and the online loop's (train_policy's
+    rewards.train_new_model) give the same question, the task's (not the query dataset's)."""
+    top = launcher()
+    for_label = experiment_hparams(top.get_train_reward_experiments()[experiment], train_reward.HParams)
+    for_online = experiment_hparams(top.get_experiments()[experiment], train_policy.HParams).rewards.train_new_model
+    assert session_module.instruction(for_label) == session_module.instruction(for_online) == asks

@@ -118,12 +118,11 @@ def _append_line(f, record):
     os.fsync(f.fileno())
 
 
-def _read_lines(path, *, repair=True):
-    """The JSON lines of path; a last line cut off by a kill (no newline, or not JSON) is dropped (and, with
-    repair, cut from the file, so that the next append starts a line of its own). A damaged line before others:
-    ValueError."""
+def _read_lines(path):
+    """The JSON lines of path, and the length of its intact part when its last line was cut off by a kill (no
+    newline, or not JSON: dropped), else None. A damaged line before others: DamagedSession."""
     if not os.path.exists(path):
-        return []
+        return [], None
     with open(path, 'rb') as f:
         lines = f.readlines()
     records, good_bytes = [], 0
@@ -134,15 +133,27 @@ def _read_lines(path, *, repair=True):
             record = None
         if not isinstance(record, dict):
             if i == len(lines) - 1:
-                if repair:
-                    with open(path, 'r+b') as f:
-                        f.truncate(good_bytes)
-                break
-            raise ValueError(f'{path} line {i + 1} is no JSON record, with lines after it: the file is damaged '
-                             f'(no write of ours leaves that)')
+                return records, good_bytes
+            raise DamagedSession(f'{path} line {i + 1} is no JSON record, with lines after it: the file is damaged '
+                                 f'(no write of ours leaves that)')
         records.append(record)
         good_bytes += len(line)
-    return records
+    return records, None
+
+
+def _cut(path, good_bytes):
+    """Cut a torn last line from path, so that the next append starts a line of its own."""
+    with open(path, 'r+b') as f:
+        f.truncate(good_bytes)
+
+
+class DamagedSession(ValueError):
+    """A session's file in a state no kill leaves (one line naming it). batch: the question batch cut short while
+    answers.jsonl holds answers to it (made again, the same, it is written back by restore_batch), else None."""
+
+    def __init__(self, message, batch=None):
+        super().__init__(message)
+        self.batch = batch
 
 
 class LabelStore:
@@ -170,10 +181,23 @@ class LabelStore:
         self.closed = False
         self.leases = {}  # labeler -> (question id, time shown)
         self.writable = writable
-        for question in _read_lines(os.path.join(directory, QUESTIONS_FILE), repair=writable):
+        questions_path, answers_path = (os.path.join(directory, name) for name in (QUESTIONS_FILE, ANSWERS_FILE))
+        questions, questions_torn = _read_lines(questions_path)
+        events, answers_torn = _read_lines(answers_path)
+        for question in questions:
             self._add_question(question)
-        self._drop_partial_batch()
-        for event in _read_lines(os.path.join(directory, ANSWERS_FILE), repair=writable):
+        asked = {e['question'] for e in events if 'question' in e}
+        rewritten = self._drop_partial_batch(answered=asked)
+        unknown = sorted(asked - set(self.questions))
+        if unknown:
+            raise DamagedSession(f'{answers_path} answers {len(unknown)} questions that {questions_path} lacks '
+                                 f'({unknown[0]} first): a file is damaged; restore it from a copy, or move '
+                                 f'{directory} away to start the session again')
+        if writable and questions_torn is not None and not rewritten:
+            _cut(questions_path, questions_torn)
+        if writable and answers_torn is not None:
+            _cut(answers_path, answers_torn)
+        for event in events:
             self._apply(event)
         self._questions_file = self._answers_file = None
         if writable:
@@ -209,21 +233,60 @@ class LabelStore:
         self.questions[question['id']] = question
         self.order.append(question['id'])
 
-    def _drop_partial_batch(self):
-        """A batch cut off by a kill (fewer lines than its size): dropped from the file and from memory (none of
-        it was shown: a batch is served only once it is all on disk)."""
+    def _drop_partial_batch(self, answered):
+        """A batch cut off by a kill (fewer lines than its size): dropped from memory and, writable, from the file
+        (a batch is served only once it is all on disk: none of it was shown). Returns whether the file was
+        written. answered: the question ids answers.jsonl holds; an answer to the batch means the file was damaged
+        later: DamagedSession, the file as it is."""
+        path = os.path.join(self.directory, QUESTIONS_FILE)
         if not self.order:
-            return
+            if answered:
+                raise DamagedSession(f'{path} holds no question while answers.jsonl holds answers: the file was '
+                                     f'damaged; restore it from a copy, or move {self.directory} away to start the '
+                                     f'session again', batch=0)
+            return False
         last = self.questions[self.order[-1]]
         batch = [i for i in self.order if self.questions[i]['batch'] == last['batch']]
         if len(batch) == last['batch_size']:
-            return
+            return False
+        if answered & set(batch) or any(self._index(i) > self._index(self.order[-1]) for i in answered):
+            raise DamagedSession(f'{path}: its last batch of questions (batch {last["batch"]}) is cut short '
+                                 f'({len(batch)} of {last["batch_size"]} lines) while answers.jsonl holds answers to '
+                                 f'it: the file was damaged after it was written; restore it from a copy, or move '
+                                 f'{self.directory} away to start the session again', batch=last['batch'])
         for i in batch:
             del self.questions[i]
         self.order = self.order[:-len(batch)]
         if self.writable:
-            kept = b''.join((json.dumps(self.questions[i]) + '\n').encode() for i in self.order)
-            files.atomic_write(os.path.join(self.directory, QUESTIONS_FILE), kept)
+            files.atomic_write(path, b''.join(_line(self.questions[i]) for i in self.order))
+        return self.writable
+
+    @staticmethod
+    def _index(question_id):
+        return int(question_id[1:]) if isinstance(question_id, str) and question_id[1:].isdigit() else -1
+
+    def _records(self, questions, batch, start):
+        """The records of a batch of questions as questions.jsonl holds them (ids from start on)."""
+        return [dict(question, id=f'q{start + j:06d}', batch=batch, batch_size=len(questions),
+                     overlap=overlap_question(start + j, self.session['overlap'])) for j, question in enumerate(questions)]
+
+    @classmethod
+    def restore_batch(cls, directory, batch, questions):
+        """Write back question batch `batch`, cut short by damage (DamagedSession.batch), from the same questions
+        made again; refused (DamagedSession) unless its intact lines are theirs. Returns the store."""
+        path = os.path.join(directory, QUESTIONS_FILE)
+        intact, _ = _read_lines(path)
+        kept = [q for q in intact if q['batch'] < batch]
+        with open(os.path.join(directory, SESSION_FILE)) as f:
+            session = json.load(f)
+        store = cls.__new__(cls)
+        store.session = session
+        remade = store._records(questions, batch, len(kept))
+        if intact[len(kept):] != remade[:len(intact) - len(kept)]:
+            raise DamagedSession(f'{path}: batch {batch} made again differs from its intact lines: restore the file '
+                                 f'from a copy, or move {directory} away to start the session again')
+        files.atomic_write(path, b''.join(_line(q) for q in kept + remade))
+        return cls(directory)
 
     @property
     def batches(self):
@@ -234,17 +297,13 @@ class LabelStore:
         """Append a batch of questions (dicts holding the label type's question fields, plus anything JSON-able
         to keep with them, e.g. `origin`); returns their ids. The batch is on disk before any is served."""
         with self._lock:
-            batch, start = self.batches, len(self.order)
-            added = []
-            for j, question in enumerate(questions):
+            for question in questions:
                 missing = [k for k in ['query'] + self.sample_keys if k not in question]
                 if missing:
                     raise ValueError(f'a question lacks {missing} (label type {self.label_type})')
-                index = start + j
-                record = dict(question, id=f'q{index:06d}', batch=batch, batch_size=len(questions),
-                              overlap=overlap_question(index, self.session['overlap']))
-                self._questions_file.write((json.dumps(record) + '\n').encode())
-                added.append(record)
+            added = self._records(questions, self.batches, len(self.order))
+            for record in added:
+                self._questions_file.write(_line(record))
             self._questions_file.flush()
             os.fsync(self._questions_file.fileno())
             for record in added:

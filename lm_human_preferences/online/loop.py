@@ -41,7 +41,7 @@ from lm_human_preferences.labeling import questions as questions_module
 from lm_human_preferences.labeling import session as session_module
 from lm_human_preferences.labeling.programs import label_best
 from lm_human_preferences.labeling.server import LabelServer, check_origin, is_loopback
-from lm_human_preferences.labeling.store import LabelStore, parse_labelers
+from lm_human_preferences.labeling.store import DamagedSession, LabelStore, parse_labelers
 from lm_human_preferences.rewards import TrainedRewardModel
 from lm_human_preferences.training.run import PRINT_EVERY_S
 from lm_human_preferences.utils import core as utils
@@ -310,19 +310,38 @@ class OnlineLoop:
                 pass
 
     def _session(self, k, sources):
-        store = session_module.open_session(
-            self._round_dir(k), self.reward_hparams, encoding=self.ppo_trainer.policy.trained_model.encoding.name,
-            labelers=self._labeler_secrets() or None, overlap=0.05 if self.people else 0.0, target=self.sizes[k - 1],
-            seed=self.hparams.run.seed or 0, origin=dict(round=k, step=self.steps[k - 1]), labeler=self.labeler)
+        def open_session():
+            return session_module.open_session(
+                self._round_dir(k), self.reward_hparams, encoding=self.ppo_trainer.policy.trained_model.encoding.name,
+                labelers=self._labeler_secrets() or None, overlap=0.05 if self.people else 0.0,
+                target=self.sizes[k - 1], seed=self.hparams.run.seed or 0, origin=dict(round=k, step=self.steps[k - 1]),
+                labeler=self.labeler)
+        try:
+            store = open_session()
+        except DamagedSession as e:
+            if e.batch is None:
+                raise ValueError(f'online round {k}: {e}') from None
+            # The round's questions depend only on the policy at its step, the task and the seed: made again, the
+            # same, the batch is written back (its answers stay theirs).
+            print(f'online round {k}: {e.args[0].split(":")[0]}: batch {e.batch} was cut short; made again',
+                  flush=True)
+            remade = self._round_questions(k, sources) if e.batch == 0 else sources[2].batch(e.batch - 1)
+            LabelStore.restore_batch(self._round_dir(k), e.batch, remade).close_files()
+            store = open_session()
         if not store.order:
-            made = []
-            for source in sources[:2]:
-                if source is not None:
-                    made += source.batch(0)
-            if self.people:  # the validation questions spread over the round, not all at its end
-                made = [made[i] for i in np.random.RandomState(k).permutation(len(made))]
-            store.add_questions(made)
+            store.add_questions(self._round_questions(k, sources))
         return store
+
+    def _round_questions(self, k, sources):
+        """Round k's questions (its session's batch 0): the policy form's, then the validation form's (for people
+        in a shuffled order, the validation questions spread over the round, not all at its end)."""
+        made = []
+        for source in sources[:2]:
+            if source is not None:
+                made += source.batch(0)
+        if self.people:
+            made = [made[i] for i in np.random.RandomState(k).permutation(len(made))]
+        return made
 
     def _label_by_program(self, k, store):
         """The program's answer to every question of the round (each from the round's seed and the question's

@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from test_resume import (NAME, REPO_ROOT, assert_killed, env, finish, kill_when_exists, launch_cli, policy_args,
-                         write_corpus)
+from test_resume import (NAME, REPO_ROOT, assert_killed, env, finish, kill_when_exists, last_line, launch_cli,
+                         policy_args, write_corpus)
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite only
 
@@ -68,8 +68,9 @@ def assert_same_run(whole, resumed):
                         b / 'policy' / 'checkpoints' / f'model-{STEPS}.safetensors')
     assert_same_tensors(a / 'policy' / 'train_state' / f'state-{STEPS}.safetensors',
                         b / 'policy' / 'train_state' / f'state-{STEPS}.safetensors')  # Adam's moments too
-    extra = [json.loads((d / 'policy' / 'train_state' / f'state-{STEPS}.json').read_text())['extra'] for d in (a, b)]
-    assert extra[0]['kl_coef'] == extra[1]['kl_coef'] != 0.15
+    sidecars = [json.loads((d / 'policy' / 'train_state' / f'state-{STEPS}.json').read_text()) for d in (a, b)]
+    assert sidecars[0]['extra']['kl_coef'] == sidecars[1]['extra']['kl_coef'] != 0.15
+    assert sidecars[0]['rng'] == sidecars[1]['rng']  # every random stream, the process's torch one included
     for k in (1, 2):
         assert_same_file(a / 'online' / f'round-{k}' / 'labels.json', b / 'online' / f'round-{k}' / 'labels.json')
         assert_same_file(a / 'online' / f'round-{k}' / 'questions.jsonl', b / 'online' / f'round-{k}' / 'questions.jsonl')
@@ -164,6 +165,77 @@ def test_killed_as_a_round_finishes_resumes_bit_for_bit(whole, tmp_path):
     assert code == 0, err[-3000:]
     assert f'resuming from {states}/state-10.json (step 10)' in out and 'online round 1/2 at' not in out
     assert_same_run(whole[0], tmp_path)
+
+
+def test_resumed_from_a_state_before_a_finished_round_scores_with_its_reward_model(whole, tmp_path):
+    """Killed once round 1 is finished, then the newest policy checkpoints found empty (a recovery path the README
+    promises): the rerun resumes from a state before the round's step and, at that step, must take up round 1's
+    reward model without asking again, as the uninterrupted run."""
+    _, args, _ = whole
+    killed = launch_cli('train_policy', tmp_path, args, exp='test')
+    watcher = kill_when_exists(killed, run_dir(tmp_path) / 'online' / 'round-1' / 'done.json')
+    assert_killed(killed, watcher)
+    for path in (run_dir(tmp_path) / 'policy' / 'checkpoints').glob('model-*.safetensors'):
+        if int(path.name.split('.')[0].split('-')[1]) >= 10:
+            path.write_bytes(b'')  # the states of step 10 on refer to these: skipped
+    code, out, err = finish(launch_cli('train_policy', tmp_path, args, exp='test'))
+    assert code == 0, err[-3000:]
+    resumed_at = int(out.split('train_policy: resuming from')[1].split('(step ')[1].split(')')[0])
+    assert resumed_at < 10 and 'online round 1/2 at' not in out
+    assert 'online: PPO scores with the reward model of round 1' in out.split('train_policy: resuming from')[1]
+    assert_same_run(whole[0], tmp_path)
+
+
+# Round 2 answered, then held before its retraining (a marker file says when), so that the kill lands there.
+HELD_BEFORE_RETRAINING_2 = """
+import runpy, sys, time
+from pathlib import Path
+from lm_human_preferences.online import loop
+retrain = loop.OnlineLoop._retrain
+def held(self, k):
+    if k == 2:
+        Path(self.dir, 'answered-2').write_text('')
+        time.sleep(60)
+    return retrain(self, k)
+loop.OnlineLoop._retrain = held
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+def test_damaged_round_files_are_rebuilt_and_the_run_goes_on_bit_for_bit(whole, tmp_path):
+    """A finished round's labels.json cut in half and an unfinished round's questions.jsonl with a torn last line
+    (while its answers are kept): the rerun rebuilds round 1's labels from its answers.jsonl and writes round 2's
+    question batch back, made again; never emptied, and the same run as the uninterrupted one."""
+    _, args, _ = whole
+    online = run_dir(tmp_path) / 'online'
+    killed = launch_cli('train_policy', tmp_path, args, exp='test', driver=HELD_BEFORE_RETRAINING_2)
+    assert_killed(killed, kill_when_exists(killed, online / 'answered-2'))
+    (online / 'answered-2').unlink()
+    labels = online / 'round-1' / 'labels.json'
+    labels.write_bytes(labels.read_bytes()[:len(labels.read_bytes()) // 2])
+    questions = online / 'round-2' / 'questions.jsonl'
+    questions.write_bytes(questions.read_bytes()[:-30])
+    code, out, err = finish(launch_cli('train_policy', tmp_path, args, exp='test'))
+    assert code == 0, err[-3000:]
+    assert f'online round 2: {questions}: batch 0 was cut short; made again' in out
+    assert_same_run(whole[0], tmp_path)
+
+
+def test_a_finished_rounds_short_answers_are_one_line(whole, tmp_path):
+    """Round 1's answers.jsonl missing records (no kill leaves that) before round 2 retrains: one line naming the
+    file and what to do, and round 2's retraining labels are not written."""
+    _, args, _ = whole
+    online = run_dir(tmp_path) / 'online'
+    killed = launch_cli('train_policy', tmp_path, args, exp='test', driver=HELD_BEFORE_RETRAINING_2)
+    assert_killed(killed, kill_when_exists(killed, online / 'answered-2'))
+    answers = online / 'round-1' / 'answers.jsonl'
+    answers.write_text(''.join(answers.read_text().splitlines(keepends=True)[:-1]))
+    code, out, err = finish(launch_cli('train_policy', tmp_path, args, exp='test'))
+    assert code == 1 and last_line(err) == (f'error: online round 1: {answers} holds 15 labels, the round needs 16: '
+                                            f'restore the file from a copy, or move {online / "round-1"} (and the '
+                                            f'rounds after it) away to ask its questions again'), err[-2000:]
+    assert not (online / 'reward-2' / 'labels.json').exists()
 
 
 def free_port():

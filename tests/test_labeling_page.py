@@ -10,8 +10,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -203,6 +205,79 @@ def test_people_label_in_a_browser_and_the_labels_train_a_reward_model(tmp_path)
         assert 'eval on 2 labels' in run.stdout  # the records after num_train are held out
         models.append(load_file(str(tmp_path / name / 'reward_model' / 'checkpoints' / 'model-1.safetensors')))
     assert set(models[0]) == set(models[1]) and all(torch.equal(models[0][k], models[1][k]) for k in models[0])
+
+
+# The page of another origin (issue #47): a labeler who visits it while labeling must not answer through it.
+HOSTILE_PAGE = """<!doctype html><title>cats</title><script>
+const target = 'http://127.0.0.1:%(port)d';
+async function attack() {
+  const sent = [];
+  const tries = [
+    () => fetch(target + '/api/next?labeler=csrfsite', {mode: 'no-cors'}),
+    () => fetch(target + '/api/answer', {method: 'POST', mode: 'no-cors', headers: {'Content-Type': 'text/plain'},
+                body: JSON.stringify({labeler: 'csrfsite', question: 'q000000', choice: 0})}),
+    () => fetch(target + '/api/answer', {method: 'POST', headers: {'Content-Type': 'application/json'},
+                body: JSON.stringify({labeler: 'csrfsite', question: 'q000000', choice: 0})}),
+  ];
+  for (const t of tries) {
+    try { await t(); sent.push('sent'); } catch (e) { sent.push('blocked'); }
+  }
+  document.title = 'done ' + sent.join(',');
+}
+attack();
+</script>"""
+
+
+def serve_hostile_page(label_port):
+    """A second server on 127.0.0.1 (another port: another origin) serving HOSTILE_PAGE."""
+    page = (HOSTILE_PAGE % dict(port=label_port)).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header('Content-Type', 'text/html')
+            self.send_header('Content-Length', str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args):
+            pass
+    server = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_page_of_another_origin_cannot_answer(tmp_path):
+    """Issue #47's attack in the suite's Chromium: a page of another origin (127.0.0.1, another port) fetches the
+    labeling API with no-cors text/plain and with JSON; nothing it sends is kept, and the labeler's own page, in
+    the same browser, labels on. Typing a name with 's' and 'u' in an open session's name box neither skips nor
+    undoes."""
+    driver = browser()
+    proc, links = start_label(tmp_path, '--num', '2')
+    port = int(re.search(r':(\d+)/', links[None]).group(1))
+    hostile = serve_hostile_page(port)
+    session = tmp_path / 'page'
+    try:
+        driver.get(f'http://127.0.0.1:{hostile.server_address[1]}/')
+        Labeler(driver, driver.current_url).wait(lambda: driver.title.startswith('done'), 'the attack finished')
+        person = Labeler(driver, links[None])
+        name = driver.find_element('id', 'name')
+        name.send_keys('susu')
+        assert name.get_attribute('value') == 'susu'
+        assert person.js("return document.getElementById('banner').hidden")  # no undo or skip was sent
+        name.submit()
+        for key in '12':
+            shown = person.press(key)
+            person.next_after(shown)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        driver.quit()
+        hostile.shutdown()
+        if proc.poll() is None:
+            proc.kill()
+    events = [json.loads(line) for line in (session / 'answers.jsonl').read_text().splitlines()]
+    assert [e['labeler'] for e in events if e['event'] == 'answer'] == ['susu', 'susu']
+    assert 'csrfsite' not in (session / 'answers.jsonl').read_text() + (session / 'labels.json').read_text()
 
 
 @pytest.mark.parametrize('label_type, keys, labels', [

@@ -395,3 +395,21 @@ def test_the_label_command_refuses_what_it_cannot_serve(tmp_path):
         in_use = run('--port', str(port))
     assert in_use.returncode == 1 and in_use.stderr.count('\n') == 1
     assert f'cannot serve the labeling page on 127.0.0.1 port {port}: Address already in use' in in_use.stderr
+    assert not (tmp_path / 'x').exists()  # nothing made: the corrected rerun may name its labelers
+    bad_origin = run('--origin', 'labels.example.org/x', '--labelers', 'ann')
+    assert bad_origin.returncode == 1 and '--origin' in bad_origin.stderr and bad_origin.stderr.count('\n') == 1
+    proxied = run('--origin', 'https://labels.example.org', '--port', '0')
+    assert proxied.returncode == 1 and 'name the labelers with --labelers' in proxied.stderr
+
+
+def test_a_rerun_with_other_labelers_or_overlap_is_refused(tmp_path):
+    proc, links = start_label(tmp_path, '--num', '1', '--labelers', 'ann,bob', '--overlap', '0.25')
+    proc.kill()
+    proc.communicate()
+    for args, says in ((['--labelers', 'ann,bob,carl', '--overlap', '0.25'], '--labelers ann,bob,carl: '),
+                       (['--labelers', 'ann,bob'], '--overlap 0.05: ')):
+        rerun = subprocess.run([sys.executable, 'launch.py', 'label', 'test', 'page', '--save_dir', str(tmp_path),
+                                '--port', '0', *args], cwd=REPO_ROOT, env=env(), capture_output=True, text=True,
+                               timeout=120)
+        assert rerun.returncode == 1 and rerun.stderr.count('\n') == 1 and says in rerun.stderr, rerun.stderr
+        assert 'was started with' in rerun.stderr and 'another NAME' in rerun.stderr

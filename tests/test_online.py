@@ -230,7 +230,7 @@ def test_a_finished_rounds_short_answers_are_one_line(whole, tmp_path):
     killed = launch_cli('train_policy', tmp_path, args, exp='test', driver=HELD_BEFORE_RETRAINING_2)
     assert_killed(killed, kill_when_exists(killed, online / 'answered-2'))
     answers = online / 'round-1' / 'answers.jsonl'
-    answers.write_text(''.join(answers.read_text().splitlines(keepends=True)[:-1]))
+    answers.write_text(''.join(answers.read_text().splitlines(keepends=True)[1:]))  # its first answer lost
     code, out, err = finish(launch_cli('train_policy', tmp_path, args, exp='test'))
     assert code == 1 and last_line(err) == (f'error: online round 1: {answers} holds 15 labels, the round needs 16: '
                                             f'restore the file from a copy, or move {online / "round-1"} (and the '
@@ -304,10 +304,26 @@ def test_people_are_never_asked_twice_across_a_kill(tmp_path):
     (['--online.retrains', '2', '--online.labeler', 'rule', '--online.split', '1,2,3'], "'online.split' is '1,2,3'"),
     (['--online.retrains', '40', '--online.labeler', 'rule'], "fewer than the run's 30 PPO batches"),
     (['--online.retrains', '1', '--online.labeler', 'people', '--online.host', '0.0.0.0'], "'online.labelers' is None"),
+    (['--online.retrains', '1', '--online.labeler', 'people', '--online.origin', 'https://labels.example.org'],
+     "'online.labelers' is None"),
+    (['--online.retrains', '1', '--online.labeler', 'people', '--online.port', '99999'],
+     "'online.port' is 99999: it must be a port number from 0 to 65535"),
+    (['--online.retrains', '1', '--online.labeler', 'people', '--online.port', 'TAKEN'],
+     "'online.port' is TAKEN: cannot serve the labeling page on 127.0.0.1 port TAKEN: Address already in use"),
+    (['--online.retrains', '2', '--online.labeler', 'rule', '--online.num_labels', '64', '--online.split', '1e-9,1'],
+     "'online.split' is '1e-9,1': its weights give the 64 labels as 6.4e-08, 64: each round needs at least one "
+     "minibatch of 8"),
+    (['--online.retrains', '2', '--online.labeler', 'rule', '--online.num_labels', '64', '--online.split', '1,1e-9'],
+     "'online.split' is '1,1e-9'"),
 ])
 def test_bad_online_settings_are_one_line_at_launch(tmp_path, extra, says):
-    args = policy_args('test') + extra
-    proc = subprocess.run([sys.executable, 'launch.py', 'train_policy', 'test', NAME, '--save_dir', str(tmp_path),
-                           *args], cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=120)
+    with socket.socket() as taken:
+        taken.bind(('127.0.0.1', 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        args = policy_args('test') + [a.replace('TAKEN', port) for a in extra]
+        says = says.replace('TAKEN', port)
+        proc = subprocess.run([sys.executable, 'launch.py', 'train_policy', 'test', NAME, '--save_dir', str(tmp_path),
+                               *args], cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count('\n') == 1 and says in proc.stderr, proc.stderr
     assert not os.path.exists(tmp_path / NAME)  # nothing ran

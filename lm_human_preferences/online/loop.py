@@ -430,7 +430,9 @@ class OnlineLoop:
         what to do when it is damaged or short."""
         directory = self._round_dir(j)
         try:
-            records = LabelStore(directory, writable=False).label_records()
+            store = LabelStore(directory, writable=utils.is_root())  # rank 0's writes labels.json again from it
+            store.close_files()
+            records = store.label_records()
         except (ValueError, KeyError, OSError) as e:
             raise ValueError(f'online round {j}: {e}; restore the file from a copy, or move {directory} (and the '
                              f'rounds after it) away to ask its questions again') from None

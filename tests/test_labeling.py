@@ -1,6 +1,7 @@
 """The labeling session (labeling/store.py), its questions (questions.py), its HTTP API (server.py, through real
 requests on 127.0.0.1) and the export to TRL's preference format (export.py). The page in a real browser, the
 command line and kill -9 of the server: tests/test_labeling_page.py."""
+import functools
 import http.client
 import importlib.util
 import json
@@ -327,6 +328,7 @@ def test_api_serves_a_question_and_takes_its_answer(api):
     order = store.shown_order(question['id'], 'ann')
     encoder = encodings.Test.get_encoder()
     assert reply['question']['responses'] == [encoder.decode(question[f'sample{j}']) for j in order]
+    assert reply['question']['query_tokens'] == len(question['query'])  # the page says all the model saw
     status, reply = api.json('POST', '/api/answer', dict(labeler='ann', key='k1', question=question['id'], choice=1,
                                                          seconds=2.5))
     assert status == 200 and reply['progress']['done'] == 1
@@ -605,6 +607,7 @@ def test_export_gives_trls_preference_pairs(tmp_path):
 # ---------------------------------------------------------------------------------------------------
 # What is asked
 
+@functools.lru_cache(maxsize=None)
 def launcher():
     spec = importlib.util.spec_from_file_location('top_launch', Path(__file__).resolve().parents[1] / 'launch.py')
     module = importlib.util.module_from_spec(spec)

@@ -295,7 +295,7 @@ class LabelServer:
         encoder = self._encoders.get(texts['encoding'])
         if encoder is None:
             encoder = self._encoders[texts['encoding']] = encodings.get(texts['encoding']).get_encoder()
-        return dict(id=question['id'],
+        return dict(id=question['id'], query_tokens=len(question['query']),
                     query=texts['query_prefix'] + encoder.decode(question['query']) + texts['query_suffix'],
                     responses=[encoder.decode(question[store.sample_keys[j]]) for j in order])
 

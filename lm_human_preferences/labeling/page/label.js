@@ -98,6 +98,9 @@ function render(data) {
   $('question').hidden = false;
   $('question').dataset.id = q.id;
   $('query').textContent = q.query;
+  // A query is all the model saw, a few tokens of a passage at times: the labeler judges the continuation of this.
+  $('query-note').textContent = `all the model saw: ${q.query_tokens} tokens (judge the responses as ` +
+    'continuations of this alone)';
   const list = $('responses');
   list.innerHTML = '';
   const letters = data.label === 'difference';

@@ -186,6 +186,20 @@ def test_resumed_from_a_state_before_a_finished_round_scores_with_its_reward_mod
     assert_same_run(whole[0], tmp_path)
 
 
+def test_a_finished_rounds_empty_reward_model_is_retrained_from_its_states(whole, tmp_path):
+    """Killed in PPO after round 1, its reward model's checkpoint then found empty: the rerun retrains it from its
+    run's training states (as an interrupted retraining) and goes on bit for bit."""
+    _, args, _ = whole
+    killed = launch_cli('train_policy', tmp_path, args, exp='test')
+    assert_killed(killed, kill_when_exists(killed, run_dir(tmp_path) / 'policy' / 'train_state' / 'state-14.json'))
+    for path in (run_dir(tmp_path) / 'online' / 'reward-1' / 'reward_model' / 'checkpoints').glob('model-*'):
+        path.write_bytes(b'')
+    code, out, err = finish(launch_cli('train_policy', tmp_path, args, exp='test'))
+    assert code == 0, err[-3000:]
+    assert 'online round 1: its reward model does not load' in out and 'online round 1/2 at' not in out
+    assert_same_run(whole[0], tmp_path)
+
+
 # Round 2 answered, then held before its retraining (a marker file says when), so that the kill lands there.
 HELD_BEFORE_RETRAINING_2 = """
 import runpy, sys, time

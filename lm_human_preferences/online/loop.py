@@ -460,11 +460,25 @@ class OnlineLoop:
 
     # ---------------------------------------------------------------------------------------------------
     # 3. PPO on
-    def _load_reward_model(self, k):
+    def _read_reward_model(self, k):
         # The model's constructor draws its fresh head from the process's torch stream before the weights are
         # loaded over it: drawn in a fork, so that a resumed run's streams are the uninterrupted run's.
         with torch.random.fork_rng(devices=[]):
-            new = TrainedRewardModel(os.path.join(self._reward_dir(k), 'reward_model'), self.score_model.encoding)
+            return TrainedRewardModel(os.path.join(self._reward_dir(k), 'reward_model'), self.score_model.encoding)
+
+    def _load_reward_model(self, k):
+        """Round k's reward model into PPO's score model; a finished round's that fails to load (a damaged
+        checkpoint) is retrained from its run's training states first, as an interrupted retraining is."""
+        try:
+            new = self._read_reward_model(k)
+        except (OSError, ValueError) as e:
+            if utils.is_root():
+                print(f'online round {k}: its reward model does not load ({e}); retraining it from its training '
+                      f'states in {self._reward_dir(k)}', flush=True)
+            self.save()  # PPO's state here: the retraining draws from the random streams, which PPO takes back
+            self._retrain(k)
+            new = self._read_reward_model(k)
+            self.restore()
         self.score_model.load_state_dict(new.state_dict())
         self.scoring_round = k
         if utils.is_root():

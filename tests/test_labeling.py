@@ -492,6 +492,21 @@ def test_malformed_bodies_are_400_json(api, body, says):
     del tmp
 
 
+def test_the_page_is_up_before_the_first_questions(tmp_path):
+    """The label command serves before its model is loaded and its first questions made: /api/next says so."""
+    store = LabelStore.create(str(tmp_path / 'session'), label_type='best_of_4', instruction='Which?', texts=TEXTS)
+    server = LabelServer(host='127.0.0.1', port=0).start()
+    try:
+        server.set_session(store)
+        status, reply = Api(server).json('GET', '/api/next?labeler=ann')
+        assert status == 200 and reply['state'] == 'empty' and 'first questions are being made' in reply['message']
+        server.more_questions = lambda store: bool(store.add_questions(make_questions(2)))
+        assert Api(server).json('GET', '/api/next?labeler=ann')[1]['state'] == 'question'
+    finally:
+        server.stop()
+        store.close_files()
+
+
 def test_api_between_sessions_says_waiting(tmp_path):
     server = LabelServer(host='127.0.0.1', port=0).start()
     try:

@@ -325,11 +325,16 @@ def api(url, method='GET', body=None):
         return json.loads(reply.read())
 
 
-def answer_some(base, n):
-    """Answer n questions as 'ann' through the page's API; their ids."""
+def answer_some(base, n, timeout=120):
+    """Answer n questions as 'ann' through the page's API (the page is up before the first questions are made:
+    'empty' until then); their ids."""
     done = []
-    for _ in range(n):
+    start = time.time()
+    while len(done) < n and time.time() - start < timeout:
         reply = api(base + 'api/next?labeler=ann')
+        if reply['state'] == 'empty':
+            time.sleep(0.2)
+            continue
         if reply['state'] != 'question':
             break
         api(base + 'api/answer', 'POST', dict(labeler='ann', question=reply['question']['id'], choice=1))

@@ -320,6 +320,9 @@ class LabelServer:
         if found is None:
             if store.complete() or store.closed:
                 return _json(dict(info, state='done', message='All the labels wanted are given. Thank you!'))
+            if self.more_questions is None and not store.order:
+                return _json(dict(info, state='empty', message='The first questions are being made (the model is '
+                                                               'loading). This page looks again every few seconds.'))
             return _json(dict(info, state='empty', message='No question is open for you right now (the others are '
                                                            'with other labelers). This page looks again every few '
                                                            'seconds.'))

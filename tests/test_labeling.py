@@ -494,7 +494,8 @@ def test_malformed_bodies_are_400_json(api, body, says):
 
 def test_the_page_is_up_before_the_first_questions(tmp_path):
     """The label command serves before its model is loaded and its first questions made: /api/next says so."""
-    store = LabelStore.create(str(tmp_path / 'session'), label_type='best_of_4', instruction='Which?', texts=TEXTS)
+    store = LabelStore.create(str(tmp_path / 'session'), label_type='best_of_4', instruction='Which?', texts=TEXTS,
+                              target=2)
     server = LabelServer(host='127.0.0.1', port=0).start()
     try:
         server.set_session(store)

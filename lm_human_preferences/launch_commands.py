@@ -127,6 +127,9 @@ COMMON_HPARAMS = dict(
         'ppo.lr': 'learning rate (decayed linearly to 0)',
         'task.policy.initial_model': INITIAL_MODELS,
         'task.query_dataset': f"books, cnndm, tldr, test, {OFFLINE}, or local:<dir of .txt files>",
+        'online.retrains': "K: the paper's online loop, the reward model retrained K times as PPO goes (docs/labeling.md)",
+        'online.labeler': "who labels each round: 'people' (the labeling page) or a program: rule, vader",
+        'online.num_labels': 'new labels over all rounds (default: K * rewards.train_new_model.labels.num_train)',
         **RUN_HPARAMS},
     train_reward={
         'labels.source': 'the label file: an https URL or a local JSON file',

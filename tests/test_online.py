@@ -341,3 +341,11 @@ def test_bad_online_settings_are_one_line_at_launch(tmp_path, extra, says):
                                *args], cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count('\n') == 1 and says in proc.stderr, proc.stderr
     assert not os.path.exists(tmp_path / NAME)  # nothing ran
+
+
+def test_the_loop_is_found_from_the_command_line():
+    proc = subprocess.run([sys.executable, 'launch.py', 'train_policy', '--help'], cwd=REPO_ROOT, env=env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0
+    for option in ('--online.retrains', '--online.labeler', '--online.num_labels'):
+        assert option in proc.stdout, proc.stdout

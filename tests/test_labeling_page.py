@@ -41,8 +41,8 @@ def start_label(save_dir, *args):
 
 def start_label_named(save_dir, name, *args):
     proc = subprocess.Popen([sys.executable, 'launch.py', 'label', 'test', name, '--save_dir', str(save_dir),
-                             '--port', '0', *args], cwd=REPO_ROOT, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                             *([] if '--port' in args else ['--port', '0']), *args], cwd=REPO_ROOT, env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     links, lines = {}, []
     while True:
         line = proc.stdout.readline()
@@ -278,6 +278,38 @@ def test_a_page_of_another_origin_cannot_answer(tmp_path):
     events = [json.loads(line) for line in (session / 'answers.jsonl').read_text().splitlines()]
     assert [e['labeler'] for e in events if e['event'] == 'answer'] == ['susu', 'susu']
     assert 'csrfsite' not in (session / 'answers.jsonl').read_text() + (session / 'labels.json').read_text()
+
+
+def test_the_page_looks_again_after_a_failed_request(tmp_path):
+    """The server killed under an open page: the answer fails with words a labeler reads, the page keeps asking,
+    and once the same command serves again on its port the page shows the question and takes the answer, with
+    no reload."""
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = str(s.getsockname()[1])
+    driver = browser()
+    proc, links = start_label(tmp_path, '--num', '2', '--port', port)
+    try:
+        person = Labeler(driver, links[None] + '?labeler=ann')
+        shown = person.question()
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+        person.driver.find_element('tag name', 'body').send_keys('1')
+        banner = person.wait(lambda: person.js("const b = document.getElementById('banner');"
+                                               "return b.hidden ? '' : b.textContent"), 'the failure in words')
+        assert 'cannot be reached' in banner and 'Failed to fetch' not in banner
+        proc, links = start_label(tmp_path, '--num', '2', '--port', port)
+        person.wait(lambda: person.js("return document.getElementById('banner').hidden"), 'the server back', 60)
+        assert person.question() == shown
+        person.press('1')
+        person.next_after(shown)
+        person.press('2')
+        assert proc.wait(timeout=60) == 0
+    finally:
+        driver.quit()
+        if proc.poll() is None:
+            proc.kill()
+    assert len(json.loads((tmp_path / 'page' / 'labels.json').read_text())) == 2
 
 
 @pytest.mark.parametrize('label_type, keys, labels', [

@@ -76,6 +76,8 @@ class Labeler:
     def __init__(self, driver, url):
         self.driver, self.url = driver, url
         driver.get(url)
+        # the page is up before the first questions are made: it says so, and looks again
+        self.wait(lambda: 'being made' not in self.js("return document.body.innerText"), 'the first questions', 120)
 
     def js(self, script):
         return self.driver.execute_script(script)
@@ -266,6 +268,7 @@ def test_a_page_of_another_origin_cannot_answer(tmp_path):
         assert name.get_attribute('value') == 'susu'
         assert person.js("return document.getElementById('banner').hidden")  # no undo or skip was sent
         name.submit()
+        person.wait(lambda: person.js("return !document.getElementById('question').hidden"), 'a question', 120)
         for key in '12':
             shown = person.press(key)
             person.next_after(shown)

@@ -508,6 +508,23 @@ def test_the_page_is_up_before_the_first_questions(tmp_path):
         store.close_files()
 
 
+def test_a_rating_scale_says_what_its_question_counts(tmp_path):
+    """The demo's rating question counts letters: its scale's ends are its own words, not worst and best."""
+    from lm_human_preferences import offline_experiments
+    asks = offline_experiments.experiment('demo').labeler.instruction['score']
+    for instruction, ends in ((asks, ['none', 'seven or more']), ('How good is this response?', None)):
+        store = LabelStore.create(str(tmp_path / str(bool(ends))), label_type='scalar_rating', instruction=instruction,
+                                  texts=TEXTS)
+        store.add_questions(make_questions(1, label_type='scalar_rating'))
+        server = LabelServer(host='127.0.0.1', port=0).start()
+        try:
+            server.set_session(store)
+            assert Api(server).json('GET', '/api/next?labeler=ann')[1]['scale_ends'] == ends
+        finally:
+            server.stop()
+            store.close_files()
+
+
 def test_api_between_sessions_says_waiting(tmp_path):
     server = LabelServer(host='127.0.0.1', port=0).start()
     try:

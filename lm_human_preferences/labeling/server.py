@@ -29,6 +29,7 @@ most MAX_BODY bytes, refused (413) on its Content-Length before any of it is rea
 import ipaddress
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -49,6 +50,7 @@ PAGE_FILES = {'label.js': 'text/javascript', 'label.css': 'text/css'}
 LOOPBACK = ('127.0.0.1', 'localhost', '::1')
 WILDCARD = ('0.0.0.0', '::')
 MAX_BODY = 4096  # bytes: an answer is about 150
+SCALE_ENDS = re.compile(r'\(%d: ([^,()]+), %d: ([^()]+)\)' % RATING_SCALE)
 STATUS = {BadAnswer: 400, WrongLabeler: 403, UnknownQuestion: 404, NotNow: 409}
 WAITING = 'No questions are open: new ones come when the run asks for them. This page looks again every few seconds.'
 
@@ -300,10 +302,14 @@ class LabelServer:
                     responses=[encoder.decode(question[store.sample_keys[j]]) for j in order])
 
     def _session_info(self, store, labeler):
-        return dict(label_type=store.label_type, label=store.label_key, instruction=store.session['instruction'],
+        instruction = store.session['instruction']
+        # A rating question that says what its ends mean ("(1: none, 7: seven or more)") names the scale's ends;
+        # else they are worst and best.
+        ends = SCALE_ENDS.search(instruction) if store.label_key == 'score' else None
+        return dict(label_type=store.label_type, label=store.label_key, instruction=instruction,
                     responses=len(store.sample_keys), labeler=labeler,
                     scale=dict(score=RATING_SCALE, difference=COMPARE_SCALE).get(store.label_key),
-                    progress=store.progress(labeler))
+                    scale_ends=list(ends.groups()) if ends else None, progress=store.progress(labeler))
 
     def on_next(self, request):
         store = self.store

@@ -57,7 +57,10 @@ function scalePoints(info) {
   const points = [];
   for (let v = low, k = 1; v <= high; v++, k++) {
     let what = '';
-    if (info.label === 'score') what = v === low ? 'worst' : v === high ? 'best' : '';
+    if (info.label === 'score') {
+      const [worst, best] = info.scale_ends || ['worst', 'best'];
+      what = v === low ? worst : v === high ? best : '';
+    }
     else what = v === 0 ? 'about the same' :
       `${v < 0 ? 'A' : 'B'} ${['slightly better', 'better', 'much better'][Math.min(Math.abs(v), 3) - 1]}`;
     points.push([v, String(k), what]);

@@ -447,6 +447,16 @@ def test_answers_only_to_the_question_shown_to_the_labeler(api):
     assert api.json('POST', '/api/answer', dict(labeler='bob', key='k2', question=bobs, choice=0))[0] == 200
 
 
+def test_links_on_every_interface_are_addresses_not_the_host_name():
+    """--host 0.0.0.0 prints a link per address of the machine (its host name may resolve nowhere else, and a
+    name is refused as a Host: DNS rebinding); loopback last."""
+    import ipaddress
+    from lm_human_preferences.labeling import server as server_module
+    found = server_module.interface_addresses()
+    assert found[-1] == '127.0.0.1' and all(ipaddress.ip_address(a) for a in found)
+    assert len(found) == len(set(found))
+
+
 def test_status_off_loopback_needs_a_labelers_key(tmp_path):
     """Behind a reverse proxy (--origin) the page is reached from the network: who labels and how much is for the
     session's labelers; on loopback it is open, and no path of this machine is shown."""

@@ -2,7 +2,8 @@
 by Selenium; nothing downloaded) labels with keys and clicks, skips, undoes, reloads half-way, while a second
 labeler answers in another window; the labels round-trip through train_reward, which trains the same reward model
 on them as on the same labels written by a program. And the server killed with SIGKILL mid-session: a rerun serves
-the rest and never asks a labeler the same question twice."""
+the rest and never asks a labeler the same question twice. And a page of another origin in the same browser, which
+fetches the API as issue #47's attack did: nothing it sends is kept."""
 import json
 import os
 import re

@@ -5,6 +5,7 @@ was never interrupted (policy, Adam, KL coefficient, every round's labels and re
 people on the page, a killed run never asks a question twice. Bad settings are one line at launch."""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -167,20 +168,31 @@ def test_killed_as_a_round_finishes_resumes_bit_for_bit(whole, tmp_path):
     assert_same_run(whole[0], tmp_path)
 
 
-def test_resumed_from_a_state_before_a_finished_round_scores_with_its_reward_model(whole, tmp_path):
-    """Killed once round 1 is finished, then the newest policy checkpoints found empty (a recovery path the README
-    promises): the rerun resumes from a state before the round's step and, at that step, must take up round 1's
-    reward model without asking again, as the uninterrupted run."""
+def empty_checkpoints_from_step_10(d):
+    for path in (d / 'policy' / 'checkpoints').glob('model-*.safetensors'):
+        if int(path.name.split('.')[0].split('-')[1]) >= 10:
+            path.write_bytes(b'')  # the states of step 10 on refer to these: skipped
+
+
+def stats_rows_lost_past_step_8(d):
+    stats = d / 'train_policy_stats.jsonl'
+    stats.write_text(''.join(line for line in stats.read_text().splitlines(keepends=True)
+                             if json.loads(line)['step'] <= 8))  # the states past the log give way
+
+
+@pytest.mark.parametrize('damage', [empty_checkpoints_from_step_10, stats_rows_lost_past_step_8])
+def test_resumed_from_a_state_before_a_finished_round_scores_with_its_reward_model(whole, tmp_path, damage):
+    """Killed once round 1 is finished, then the newest policy checkpoints found empty, or the stats' rows lost past
+    step 8 (recovery paths the README promises): the rerun resumes from a state before the round's step and, at
+    that step, must take up round 1's reward model without asking again, as the uninterrupted run."""
     _, args, _ = whole
     killed = launch_cli('train_policy', tmp_path, args, exp='test')
     watcher = kill_when_exists(killed, run_dir(tmp_path) / 'online' / 'round-1' / 'done.json')
     assert_killed(killed, watcher)
-    for path in (run_dir(tmp_path) / 'policy' / 'checkpoints').glob('model-*.safetensors'):
-        if int(path.name.split('.')[0].split('-')[1]) >= 10:
-            path.write_bytes(b'')  # the states of step 10 on refer to these: skipped
+    damage(run_dir(tmp_path))
     code, out, err = finish(launch_cli('train_policy', tmp_path, args, exp='test'))
     assert code == 0, err[-3000:]
-    resumed_at = int(out.split('train_policy: resuming from')[1].split('(step ')[1].split(')')[0])
+    resumed_at = int(re.search(r'train_policy: resuming from \S+ \(step (\d+)', out).group(1))
     assert resumed_at < 10 and 'online round 1/2 at' not in out
     assert 'online: PPO scores with the reward model of round 1' in out.split('train_policy: resuming from')[1]
     assert_same_run(whole[0], tmp_path)

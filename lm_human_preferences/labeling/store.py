@@ -20,7 +20,8 @@ Who is asked what (`next_for`): a labeler never gets a question they answered or
 answer, or two from different labelers when it is one of the share asked twice (`overlap`, for agreement); a
 labeler is first offered such a question that someone else has answered. A question shown to a labeler is
 theirs (a lease) until they answer, skip or take LEASE_S seconds, so that two people are not asked the same
-question at once; a reload shows them the same question in the same order.
+question at once; a reload shows them the same question in the same order. A labeler answers or skips only the
+question shown to them.
 """
 
 import hashlib

@@ -78,7 +78,10 @@ class Labeler:
         self.driver, self.url = driver, url
         driver.get(url)
         # the page is up before the first questions are made: it says so, and looks again
-        self.wait(lambda: 'being made' not in self.js("return document.body.innerText"), 'the first questions', 120)
+        self.wait(lambda: self.js("const i = document.getElementById('instruction');"
+                                  "return !i || (i.textContent !== 'Loading…' &&"
+                                  "              !document.body.innerText.includes('being made'))"),
+                  'the first questions', 120)
 
     def js(self, script):
         return self.driver.execute_script(script)

@@ -52,6 +52,9 @@ def main():
     while True:
         fetched = time.time()
         reply = api(base + 'api/next?labeler=vader')
+        if reply['state'] == 'empty':  # the page is up before the model is loaded and the first questions made
+            time.sleep(0.2)
+            continue
         waits.append(time.time() - fetched)
         if reply['state'] != 'question':
             break

@@ -63,13 +63,14 @@ def one_seed(hparams, *, reward_seed_given):
 def label_command(reward_experiments):
     """launch.py's `label` command, on its train_reward experiments (reward_experiments())."""
     def launch_label(exp, name, policy=None, validation=None, num=100, labelers=None, host='127.0.0.1', port=8765,
-                     overlap=0.05, save_dir=None, **extra_hparams):
+                     overlap=0.05, origin=None, save_dir=None, **extra_hparams):
         """Ours: people label questions of the experiment's task in a browser. Prints the page's link(s) and serves
         it until --num labels are given; each answer is saved at once into <save_dir>/NAME/labels.json (the
         original's format: train_reward's --labels.source) beside a log of who answered what, when and how fast.
         Questions: the task's initial model's responses; --policy DIR, a train_policy run's; --validation DIR, two of
         each (the paper's validation questions). --labelers a,b: a link with a secret for each (needed with a --host
-        other than 127.0.0.1); --overlap: the share of questions asked twice, for agreement. Rerun to go on."""
+        other than 127.0.0.1); --overlap: the share of questions asked twice, for agreement; --origin URL: the address
+        people open when a reverse proxy with TLS serves the page (docs/labeling.md). Rerun to go on."""
         check_name(name)
         from lm_human_preferences import train_reward
         from lm_human_preferences.labeling import command
@@ -78,15 +79,15 @@ def label_command(reward_experiments):
         if offline is not None:  # its initial model is pretrained once, as its trainers' runs do
             from lm_human_preferences.offline import experiment as offline_engine
             prepare_task = functools.partial(offline_engine.resolve_initial_model, offline)
-        fn = functools.partial(command.label_session, experiment=exp, offline=offline, policy=policy,
-                               validation=validation, num=num, labelers=labelers, host=host, port=port, overlap=overlap,
+        fn = functools.partial(command.label_session, offline=offline, policy=policy, validation=validation, num=num,
+                               labelers=labelers, host=host, port=port, overlap=overlap, origin=origin,
                                prepare_task=prepare_task)
         launch.launch_trials(name, fn=fn, trials=get_trials(reward_experiments(), 'label', exp), mpi=1,
                              procs=1, save_dir=save_dir or command.default_save_dir(), hparam_class=train_reward.HParams,
                              extra_hparams=extra_hparams)
 
     launch_label.option_help = dict(policy='the initial model', validation='off', labelers='anyone names themselves',
-                                    save_dir='<datasets dir>/labels')
+                                    origin='none: no reverse proxy', save_dir='<datasets dir>/labels')
     return launch_label
 
 
@@ -126,6 +127,9 @@ COMMON_HPARAMS = dict(
         'ppo.lr': 'learning rate (decayed linearly to 0)',
         'task.policy.initial_model': INITIAL_MODELS,
         'task.query_dataset': f"books, cnndm, tldr, test, {OFFLINE}, or local:<dir of .txt files>",
+        'online.retrains': "K: the paper's online loop, the reward model retrained K times as PPO goes (docs/labeling.md)",
+        'online.labeler': "who labels each round: 'people' (the labeling page) or a program: rule, vader",
+        'online.num_labels': 'new labels over all rounds (default: K * rewards.train_new_model.labels.num_train)',
         **RUN_HPARAMS},
     train_reward={
         'labels.source': 'the label file: an https URL or a local JSON file',

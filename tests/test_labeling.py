@@ -1,17 +1,22 @@
 """The labeling session (labeling/store.py), its questions (questions.py), its HTTP API (server.py, through real
 requests on 127.0.0.1) and the export to TRL's preference format (export.py). The page in a real browser, the
 command line and kill -9 of the server: tests/test_labeling_page.py."""
+import functools
+import http.client
+import importlib.util
 import json
 import os
+import time
 import urllib.error
+from pathlib import Path
 import urllib.request
 
 import numpy as np
 import pytest
 import torch
 
-from lm_human_preferences import label_types, lm_tasks, train_reward
-from lm_human_preferences.labeling import export, questions, store as store_module
+from lm_human_preferences import label_types, lm_tasks, train_policy, train_reward
+from lm_human_preferences.labeling import export, questions, session as session_module, store as store_module
 from lm_human_preferences.labeling.server import LabelServer
 from lm_human_preferences.labeling.store import LabelStore, LabelingError
 from lm_human_preferences.language import encodings, trained_models
@@ -101,9 +106,8 @@ def test_a_labeler_is_never_asked_a_question_twice(tmp_path):
             store.answer('ann', question['id'], 1)
     assert sorted(seen) == sorted(store.order)  # each once, answered or skipped
     for question_id in store.order:
-        with pytest.raises(LabelingError) as e:
+        with pytest.raises(store_module.NotNow):
             store.answer('ann', question_id, 0)
-        assert e.value.status == 409
     # What ann skipped is open to another labeler; what she answered is not.
     skipped = [q for q in seen if store.done_by['ann'][q] == 'skip']
     bob = []
@@ -185,6 +189,35 @@ def test_a_kill_loses_at_most_the_event_being_written(tmp_path):
     assert LabelStore(directory).progress()['done'] == 4
 
 
+def test_a_damaged_question_file_is_named_never_emptied_and_restored_from_its_batch_made_again(tmp_path):
+    """A torn last line of questions.jsonl while answers.jsonl holds answers to its batch is damage, not a kill (a
+    batch is on disk before any of it is shown): one line naming the file and what to do, the file untouched;
+    the batch made again (the same) is written back, and every answer stays."""
+    store = new_store(tmp_path, 6)
+    for _ in range(3):
+        question, _ = store.next_for('ann')
+        store.answer('ann', question['id'], 1)
+    store.close_files()
+    path = tmp_path / 'session' / 'questions.jsonl'
+    path.write_bytes(path.read_bytes()[:-40])
+    damaged = path.read_bytes()
+    for writable in (True, False):
+        with pytest.raises(store_module.DamagedSession) as e:
+            LabelStore(store.directory, writable=writable)
+        assert str(path) in str(e.value) and 'restore it from a copy' in str(e.value) and '\n' not in str(e.value)
+        assert e.value.batch == 0 and path.read_bytes() == damaged  # never emptied
+    with pytest.raises(store_module.DamagedSession, match='made again differs'):
+        LabelStore.restore_batch(store.directory, 0, make_questions(6, seed=1))
+    restored = LabelStore.restore_batch(store.directory, 0, make_questions(6))
+    assert len(restored.order) == 6 and restored.progress()['done'] == 3 and len(labels_file(restored)) == 3
+    restored.close_files()
+    # answers to questions the file lacks altogether: named, one line
+    with open(tmp_path / 'session' / 'answers.jsonl', 'a') as f:
+        f.write(json.dumps(dict(event='skip', question='q000050', labeler='bob')) + '\n')
+    with pytest.raises(store_module.DamagedSession, match='answers 1 questions that .* lacks \\(q000050 first\\)'):
+        LabelStore(store.directory)
+
+
 def test_scalar_labels_on_their_scales(tmp_path):
     rating = new_store(tmp_path / 'r', 2, label_type='scalar_rating')
     q, order = rating.next_for('ann')
@@ -216,9 +249,8 @@ def test_secrets_and_names(tmp_path):
     store = new_store(tmp_path, 2, labelers={'ann': 'sesame'})
     assert store.check_labeler('ann', 'sesame') == 'ann'
     for name, key in (('ann', 'wrong'), ('ann', None), ('bob', 'sesame')):
-        with pytest.raises(LabelingError) as e:
+        with pytest.raises(store_module.WrongLabeler):
             store.check_labeler(name, key)
-        assert e.value.status == 403
     with pytest.raises(LabelingError, match='labeler name'):
         new_store(tmp_path / 'open', 1).check_labeler('../x')
     assert set(store_module.parse_labelers('a, b')) == {'a', 'b'}
@@ -231,7 +263,28 @@ def test_secrets_and_names(tmp_path):
 
 class Api:
     def __init__(self, server):
+        self.port = server.port
         self.base = f'http://127.0.0.1:{server.port}'
+
+    def raw(self, method, path, *, headers=None, body=b'', send_body=True):
+        """A request with exactly these headers (Host and Content-Length included unless given): (status, reply)."""
+        connection = http.client.HTTPConnection('127.0.0.1', self.port, timeout=10)
+        try:
+            connection.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+            headers = dict(headers or {})
+            headers.setdefault('Host', f'127.0.0.1:{self.port}')
+            if method == 'POST':
+                headers.setdefault('Content-Length', str(len(body)))
+            for k, v in headers.items():
+                connection.putheader(k, v)
+            connection.endheaders()
+            if send_body and body:
+                connection.send(body)
+            reply = connection.getresponse()
+            data = reply.read()
+            return reply.status, json.loads(data) if reply.getheader('Content-Type') == 'application/json' else data
+        finally:
+            connection.close()
 
     def call(self, method, path, body=None, raw=None):
         data = raw if raw is not None else None if body is None else json.dumps(body).encode()
@@ -275,6 +328,7 @@ def test_api_serves_a_question_and_takes_its_answer(api):
     order = store.shown_order(question['id'], 'ann')
     encoder = encodings.Test.get_encoder()
     assert reply['question']['responses'] == [encoder.decode(question[f'sample{j}']) for j in order]
+    assert reply['question']['query_tokens'] == len(question['query'])  # the page says all the model saw
     status, reply = api.json('POST', '/api/answer', dict(labeler='ann', key='k1', question=question['id'], choice=1,
                                                          seconds=2.5))
     assert status == 200 and reply['progress']['done'] == 1
@@ -320,6 +374,165 @@ def test_api_refuses_a_second_answer(api):
     # the same question through the other labeler: it wanted one answer, it has it
     status, reply = api.json('POST', '/api/answer', dict(body, labeler='bob', key='k2'))
     assert status == 409 and 'has all the answers it wants' in reply['error'] and snapshot(store) == before
+
+
+JSON = {'Content-Type': 'application/json'}
+
+
+def shown_to(api, labeler, key):
+    return api.json('GET', f'/api/next?labeler={labeler}&key={key}')[1]['question']['id']
+
+
+@pytest.mark.parametrize('headers, status, says', [
+    ({'Content-Type': 'text/plain'}, 415, 'application/json'),  # what a page of another origin can send unasked
+    ({'Content-Type': 'application/x-www-form-urlencoded'}, 415, 'application/json'),
+    ({}, 415, 'application/json'),
+    (dict(JSON, Origin='http://evil.example'), 403, 'only this page'),
+    (dict(JSON, Origin='null'), 403, 'only this page'),
+    (dict(JSON, Origin='http://127.0.0.1:1'), 403, 'only this page'),  # another port of this machine: another site
+    (dict(JSON, Host='evil.example'), 403, "Host 'evil.example'"),  # DNS rebinding: a name pointed here
+    (dict(JSON, Host='evil.example:{port}', Origin='http://evil.example:{port}'), 403, 'Host'),
+    (dict(JSON, **{'Sec-Fetch-Site': 'cross-site'}), 403, 'another site'),
+])
+def test_api_refuses_what_another_site_can_send(api, headers, status, says):
+    """The request of issue #47's hostile page (a no-cors POST of text/plain) and its kin: refused, nothing kept;
+    the same answer with this page's headers is taken."""
+    api, store = api
+    question = shown_to(api, 'ann', 'k1')
+    body = json.dumps(dict(labeler='ann', key='k1', question=question, choice=0)).encode()
+    before = snapshot(store)
+    headers = {k: v.format(port=api.port) for k, v in headers.items()}
+    got, reply = api.raw('POST', '/api/answer', headers=headers, body=body)
+    assert got == status and says in reply['error'], reply
+    assert snapshot(store) == before
+    ours = dict(JSON, Origin=f'http://127.0.0.1:{api.port}', **{'Sec-Fetch-Site': 'same-origin'})
+    assert api.raw('POST', '/api/answer', headers=ours, body=body)[0] == 200 and len(store.events) == 1
+
+
+def test_a_name_pointed_here_reads_nothing(api):
+    api, store = api
+    for path in ('/', '/api/next?labeler=ann&key=k1', '/api/status', '/page/label.js'):
+        got, reply = api.raw('GET', path, headers={'Host': f'rebound.example:{api.port}'})
+        assert got == 403 and 'Host' in reply['error']
+    assert api.raw('GET', '/', headers={'Host': f'localhost:{api.port}'})[0] == 200
+    assert not store.leases  # no question was shown
+
+
+@pytest.mark.parametrize('key', ['k1', 'wrong', None])
+def test_a_large_body_is_refused_before_it_is_read(api, key):
+    """413 on the Content-Length alone, before the body is read or the key checked: the body is never sent here."""
+    api, store = api
+    before = snapshot(store)
+    headers = dict(JSON, **{'Content-Length': str(300_000_000)})
+    start = time.time()
+    got, reply = api.raw('POST', '/api/answer', headers=headers, body=b'{' * 100, send_body=False)
+    assert got == 413 and '300000000 bytes' in reply['error'] and time.time() - start < 5
+    got, reply = api.raw('POST', '/api/answer', headers=dict(JSON, **{'Content-Length': '4097'}), send_body=False)
+    assert got == 413
+    got, _ = api.raw('POST', '/api/answer', headers=dict(JSON, **{'Transfer-Encoding': 'chunked'}), send_body=False)
+    assert got == 411
+    assert snapshot(store) == before
+
+
+def test_answers_only_to_the_question_shown_to_the_labeler(api):
+    api, store = api
+    bobs = shown_to(api, 'bob', 'k2')
+    never_shown = next(q for q in store.order if q != bobs)
+    before = snapshot(store)
+    for question in (bobs, never_shown):
+        for path, extra in (('/api/answer', dict(choice=0)), ('/api/skip', {})):
+            status, reply = api.json('POST', path, dict(labeler='ann', key='k1', question=question, **extra))
+            assert status == 409 and f'{question} is not the one shown to ann' in reply['error']
+    assert snapshot(store) == before
+    assert api.json('POST', '/api/answer', dict(labeler='bob', key='k2', question=bobs, choice=0))[0] == 200
+
+
+def test_links_on_every_interface_are_addresses_not_the_host_name():
+    """--host 0.0.0.0 prints a link per address of the machine (its host name may resolve nowhere else, and a
+    name is refused as a Host: DNS rebinding); loopback last."""
+    import ipaddress
+    from lm_human_preferences.labeling import server as server_module
+    found = server_module.interface_addresses()
+    assert found[-1] == '127.0.0.1' and all(ipaddress.ip_address(a) for a in found)
+    assert len(found) == len(set(found))
+
+
+def test_status_off_loopback_needs_a_labelers_key(tmp_path):
+    """Behind a reverse proxy (--origin) the page is reached from the network: who labels and how much is for the
+    session's labelers; on loopback it is open, and no path of this machine is shown."""
+    store = new_store(tmp_path, 2, labelers={'ann': 'k1'})
+    for origin in ('https://labels.example.org', None):
+        server = LabelServer(host='127.0.0.1', port=0, origin=origin).start()
+        server.set_session(store)
+        try:
+            api = Api(server)
+            status, reply = api.json('GET', '/api/status')
+            if origin:
+                assert status == 403 and 'named labelers' in reply['error']
+                proxied = {'Host': 'labels.example.org', 'Origin': 'https://labels.example.org'}
+                assert api.raw('GET', '/api/status', headers=proxied)[0] == 403
+                status, reply = api.raw('GET', '/api/status?labeler=ann&key=k1', headers=proxied)
+            assert status == 200 and reply['labelers'] == {} and str(tmp_path) not in json.dumps(reply)
+        finally:
+            server.stop()
+    store.close_files()
+
+
+@pytest.mark.parametrize('body, says', [
+    (dict(question=['q000000'], choice=0), 'expected a question id'),
+    (dict(question={'id': 'q000000'}, choice=0), 'expected a question id'),
+    (dict(question='q000000', choice=0, seconds=-5), 'seconds -5'),
+    (dict(question='q000000', choice=0, seconds='3'), "seconds '3'"),
+    (dict(question='q000000', choice=0, key=7), 'key'),
+    (dict(question='q000000', choice=0, labeler=['ann']), 'labeler name'),
+    (b'{"labeler": "ann", "key": "k1", "question": "q000000", "choice": 0, "seconds": NaN}', 'not JSON'),
+    (b'{"labeler": "ann", "key": "k1", "question": "q000000", "choice": 0, "seconds": Infinity}', 'not JSON'),
+    (b'[' * 2000 + b']' * 2000, 'not JSON'),  # nested deeper than the parser goes
+])
+def test_malformed_bodies_are_400_json(api, body, says):
+    api, store = api
+    shown_to(api, 'ann', 'k1')
+    before = snapshot(store)
+    raw = body if isinstance(body, bytes) else json.dumps(dict(dict(labeler='ann', key='k1'), **body)).encode()
+    status, reply = api.json('POST', '/api/answer', raw=raw)
+    assert status == 400 and says in reply['error'], reply
+    assert snapshot(store) == before
+    json.loads((tmp := open(os.path.join(store.directory, 'answers.jsonl')).read()) or 'null',
+               parse_constant=lambda c: pytest.fail(f'{c} in answers.jsonl'))
+    del tmp
+
+
+def test_the_page_is_up_before_the_first_questions(tmp_path):
+    """The label command serves before its model is loaded and its first questions made: /api/next says so."""
+    store = LabelStore.create(str(tmp_path / 'session'), label_type='best_of_4', instruction='Which?', texts=TEXTS,
+                              target=2)
+    server = LabelServer(host='127.0.0.1', port=0).start()
+    try:
+        server.set_session(store)
+        status, reply = Api(server).json('GET', '/api/next?labeler=ann')
+        assert status == 200 and reply['state'] == 'empty' and 'first questions are being made' in reply['message']
+        server.more_questions = lambda store: bool(store.add_questions(make_questions(2)))
+        assert Api(server).json('GET', '/api/next?labeler=ann')[1]['state'] == 'question'
+    finally:
+        server.stop()
+        store.close_files()
+
+
+def test_a_rating_scale_says_what_its_question_counts(tmp_path):
+    """The demo's rating question counts letters: its scale's ends are its own words, not worst and best."""
+    from lm_human_preferences import offline_experiments
+    asks = offline_experiments.experiment('demo').labeler.instruction['score']
+    for instruction, ends in ((asks, ['none', 'seven or more']), ('How good is this response?', None)):
+        store = LabelStore.create(str(tmp_path / str(bool(ends))), label_type='scalar_rating', instruction=instruction,
+                                  texts=TEXTS)
+        store.add_questions(make_questions(1, label_type='scalar_rating'))
+        server = LabelServer(host='127.0.0.1', port=0).start()
+        try:
+            server.set_session(store)
+            assert Api(server).json('GET', '/api/next?labeler=ann')[1]['scale_ends'] == ends
+        finally:
+            server.stop()
+            store.close_files()
 
 
 def test_api_between_sessions_says_waiting(tmp_path):
@@ -432,3 +645,38 @@ def test_export_gives_trls_preference_pairs(tmp_path):
         export.export_labels(store.directory, str(tmp_path / 'hf'))
     with pytest.raises(ValueError, match='holds no labeling session'):
         export.export_labels(str(tmp_path), str(tmp_path / 'hf3'))
+
+
+# ---------------------------------------------------------------------------------------------------
+# What is asked
+
+@functools.lru_cache(maxsize=None)
+def launcher():
+    spec = importlib.util.spec_from_file_location('top_launch', Path(__file__).resolve().parents[1] / 'launch.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def experiment_hparams(trials, cls):
+    hparams = cls()
+    hparams.override_from_dict({k: v for k, v, _ in trials[0] if k is not None})
+    return hparams
+
+
+@pytest.mark.parametrize('experiment, asks', [
+    ('sentiment', 'Which continuation is the most positive and happy?'),
+    ('descriptiveness', 'Which continuation is the most vividly descriptive?'),  # the same dataset as sentiment
+    ('cnndm', 'Which is the best summary of the article?'),
+    ('tldr', 'Which is the best summary of the post?'),
+    ('sentiment_mini', 'Which continuation is the most positive and happy?'),
+    ('demo', "Which response has the most letters 'e'?"),
+    ('test', 'Which response is the best?'),
+])
+def test_the_label_command_and_the_online_loop_ask_the_tasks_question(experiment, asks):
+    """One lookup: the label command's hparams (a train_reward experiment) and the online loop's (train_policy's
+    rewards.train_new_model) give the same question, the task's (not the query dataset's)."""
+    top = launcher()
+    for_label = experiment_hparams(top.get_train_reward_experiments()[experiment], train_reward.HParams)
+    for_online = experiment_hparams(top.get_experiments()[experiment], train_policy.HParams).rewards.train_new_model
+    assert session_module.instruction(for_label) == session_module.instruction(for_online) == asks

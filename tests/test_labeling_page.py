@@ -2,7 +2,8 @@
 by Selenium; nothing downloaded) labels with keys and clicks, skips, undoes, reloads half-way, while a second
 labeler answers in another window; the labels round-trip through train_reward, which trains the same reward model
 on them as on the same labels written by a program. And the server killed with SIGKILL mid-session: a rerun serves
-the rest and never asks a labeler the same question twice."""
+the rest and never asks a labeler the same question twice. And a page of another origin in the same browser, which
+fetches the API as issue #47's attack did: nothing it sends is kept."""
 import json
 import os
 import re
@@ -10,18 +11,20 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import headless_chromium
 from lm_human_preferences.language import encodings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM, CHROMEDRIVER = '/usr/bin/chromium', '/usr/bin/chromedriver'
 
 pytestmark = pytest.mark.slow  # a browser and several commands: the full suite only
 
@@ -39,8 +42,8 @@ def start_label(save_dir, *args):
 
 def start_label_named(save_dir, name, *args):
     proc = subprocess.Popen([sys.executable, 'launch.py', 'label', 'test', name, '--save_dir', str(save_dir),
-                             '--port', '0', *args], cwd=REPO_ROOT, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                             *([] if '--port' in args else ['--port', '0']), *args], cwd=REPO_ROOT, env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     links, lines = {}, []
     while True:
         line = proc.stdout.readline()
@@ -55,25 +58,17 @@ def start_label_named(save_dir, name, *args):
             return proc, links
 
 
-def browser():
-    webdriver = pytest.importorskip('selenium.webdriver', reason='needs selenium (the [test-full] extra)')
-    from selenium.webdriver.chrome.service import Service
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        pytest.skip("needs Debian's chromium and chromium-driver (apt install chromium chromium-driver: .ci/run does)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ('--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking',
-                 '--disable-component-update', '--disable-sync', '--no-first-run', '--window-size=1100,900'):
-        options.add_argument(flag)
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-
-
 class Labeler:
     """One person's window: reads what the page shows, presses keys, clicks."""
 
     def __init__(self, driver, url):
         self.driver, self.url = driver, url
         driver.get(url)
+        # the page is up before the first questions are made: it says so, and looks again
+        self.wait(lambda: self.js("const i = document.getElementById('instruction');"
+                                  "return !i || (i.textContent !== 'Loading…' &&"
+                                  "              !document.body.innerText.includes('being made'))"),
+                  'the first questions', 120)
 
     def js(self, script):
         return self.driver.execute_script(script)
@@ -111,8 +106,8 @@ class Labeler:
 
 
 def test_people_label_in_a_browser_and_the_labels_train_a_reward_model(tmp_path):
-    driver_a = browser()
-    driver_b = browser()
+    driver_a = headless_chromium()
+    driver_b = headless_chromium()
     proc, links = start_label(tmp_path, '--num', '10', '--labelers', 'ann,bob', '--overlap', '0.25')
     session = tmp_path / 'page'
     given = []  # (labeler, question id, the responses as shown, the position picked)
@@ -205,12 +200,118 @@ def test_people_label_in_a_browser_and_the_labels_train_a_reward_model(tmp_path)
     assert set(models[0]) == set(models[1]) and all(torch.equal(models[0][k], models[1][k]) for k in models[0])
 
 
+# The page of another origin (issue #47): a labeler who visits it while labeling must not answer through it.
+HOSTILE_PAGE = """<!doctype html><title>cats</title><script>
+const target = 'http://127.0.0.1:%(port)d';
+async function attack() {
+  const sent = [];
+  const tries = [
+    () => fetch(target + '/api/next?labeler=csrfsite', {mode: 'no-cors'}),
+    () => fetch(target + '/api/answer', {method: 'POST', mode: 'no-cors', headers: {'Content-Type': 'text/plain'},
+                body: JSON.stringify({labeler: 'csrfsite', question: 'q000000', choice: 0})}),
+    () => fetch(target + '/api/answer', {method: 'POST', headers: {'Content-Type': 'application/json'},
+                body: JSON.stringify({labeler: 'csrfsite', question: 'q000000', choice: 0})}),
+  ];
+  for (const t of tries) {
+    try { await t(); sent.push('sent'); } catch (e) { sent.push('blocked'); }
+  }
+  document.title = 'done ' + sent.join(',');
+}
+attack();
+</script>"""
+
+
+def serve_hostile_page(label_port):
+    """A second server on 127.0.0.1 (another port: another origin) serving HOSTILE_PAGE."""
+    page = (HOSTILE_PAGE % dict(port=label_port)).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header('Content-Type', 'text/html')
+            self.send_header('Content-Length', str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args):
+            pass
+    server = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_page_of_another_origin_cannot_answer(tmp_path):
+    """Issue #47's attack in the suite's Chromium: a page of another origin (127.0.0.1, another port) fetches the
+    labeling API with no-cors text/plain and with JSON; nothing it sends is kept, and the labeler's own page, in
+    the same browser, labels on. Typing a name with 's' and 'u' in an open session's name box neither skips nor
+    undoes."""
+    driver = headless_chromium()
+    proc, links = start_label(tmp_path, '--num', '2')
+    port = int(re.search(r':(\d+)/', links[None]).group(1))
+    hostile = serve_hostile_page(port)
+    session = tmp_path / 'page'
+    try:
+        driver.get(f'http://127.0.0.1:{hostile.server_address[1]}/')
+        Labeler(driver, driver.current_url).wait(lambda: driver.title.startswith('done'), 'the attack finished')
+        person = Labeler(driver, links[None])
+        name = driver.find_element('id', 'name')
+        name.send_keys('susu')
+        assert name.get_attribute('value') == 'susu'
+        assert person.js("return document.getElementById('banner').hidden")  # no undo or skip was sent
+        name.submit()
+        person.wait(lambda: person.js("return !document.getElementById('question').hidden"), 'a question', 120)
+        for key in '12':
+            shown = person.press(key)
+            person.next_after(shown)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        driver.quit()
+        hostile.shutdown()
+        if proc.poll() is None:
+            proc.kill()
+    events = [json.loads(line) for line in (session / 'answers.jsonl').read_text().splitlines()]
+    assert [e['labeler'] for e in events if e['event'] == 'answer'] == ['susu', 'susu']
+    assert 'csrfsite' not in (session / 'answers.jsonl').read_text() + (session / 'labels.json').read_text()
+
+
+def test_the_page_looks_again_after_a_failed_request(tmp_path):
+    """The server killed under an open page: the answer fails with words a labeler reads, the page keeps asking,
+    and once the same command serves again on its port the page shows the question and takes the answer, with
+    no reload."""
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = str(s.getsockname()[1])
+    driver = headless_chromium()
+    proc, links = start_label(tmp_path, '--num', '2', '--port', port)
+    try:
+        person = Labeler(driver, links[None] + '?labeler=ann')
+        shown = person.question()
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+        person.driver.find_element('tag name', 'body').send_keys('1')
+        banner = person.wait(lambda: person.js("const b = document.getElementById('banner');"
+                                               "return b.hidden ? '' : b.textContent"), 'the failure in words')
+        assert 'cannot be reached' in banner and 'Failed to fetch' not in banner
+        proc, links = start_label(tmp_path, '--num', '2', '--port', port)
+        person.wait(lambda: person.js("return document.getElementById('banner').hidden"), 'the server back', 60)
+        assert person.question() == shown
+        person.press('1')
+        person.next_after(shown)
+        person.press('2')
+        assert proc.wait(timeout=60) == 0
+    finally:
+        driver.quit()
+        if proc.poll() is None:
+            proc.kill()
+    assert len(json.loads((tmp_path / 'page' / 'labels.json').read_text())) == 2
+
+
 @pytest.mark.parametrize('label_type, keys, labels', [
     ('scalar_rating', '72', [('score', 7.0), ('score', 2.0)]),
     ('scalar_compare', '17', [('difference', -3.0), ('difference', 3.0)]),  # 1: A much better; 7: B much better
 ])
 def test_the_scalar_label_types_on_their_scales(tmp_path, label_type, keys, labels):
-    driver = browser()
+    driver = headless_chromium()
     proc, links = start_label(tmp_path, '--num', '2', '--labels.type', label_type)
     try:
         person = Labeler(driver, links[None] + '?labeler=ann')
@@ -250,11 +351,16 @@ def api(url, method='GET', body=None):
         return json.loads(reply.read())
 
 
-def answer_some(base, n):
-    """Answer n questions as 'ann' through the page's API; their ids."""
+def answer_some(base, n, timeout=120):
+    """Answer n questions as 'ann' through the page's API (the page is up before the first questions are made:
+    'empty' until then); their ids."""
     done = []
-    for _ in range(n):
+    start = time.time()
+    while len(done) < n and time.time() - start < timeout:
         reply = api(base + 'api/next?labeler=ann')
+        if reply['state'] == 'empty':
+            time.sleep(0.2)
+            continue
         if reply['state'] != 'question':
             break
         api(base + 'api/answer', 'POST', dict(labeler='ann', question=reply['question']['id'], choice=1))
@@ -320,3 +426,21 @@ def test_the_label_command_refuses_what_it_cannot_serve(tmp_path):
         in_use = run('--port', str(port))
     assert in_use.returncode == 1 and in_use.stderr.count('\n') == 1
     assert f'cannot serve the labeling page on 127.0.0.1 port {port}: Address already in use' in in_use.stderr
+    assert not (tmp_path / 'x').exists()  # nothing made: the corrected rerun may name its labelers
+    bad_origin = run('--origin', 'labels.example.org/x', '--labelers', 'ann')
+    assert bad_origin.returncode == 1 and '--origin' in bad_origin.stderr and bad_origin.stderr.count('\n') == 1
+    proxied = run('--origin', 'https://labels.example.org', '--port', '0')
+    assert proxied.returncode == 1 and 'name the labelers with --labelers' in proxied.stderr
+
+
+def test_a_rerun_with_other_labelers_or_overlap_is_refused(tmp_path):
+    proc, links = start_label(tmp_path, '--num', '1', '--labelers', 'ann,bob', '--overlap', '0.25')
+    proc.kill()
+    proc.communicate()
+    for args, says in ((['--labelers', 'ann,bob,carl', '--overlap', '0.25'], '--labelers ann,bob,carl: '),
+                       (['--labelers', 'ann,bob'], '--overlap 0.05: ')):
+        rerun = subprocess.run([sys.executable, 'launch.py', 'label', 'test', 'page', '--save_dir', str(tmp_path),
+                                '--port', '0', *args], cwd=REPO_ROOT, env=env(), capture_output=True, text=True,
+                               timeout=120)
+        assert rerun.returncode == 1 and rerun.stderr.count('\n') == 1 and says in rerun.stderr, rerun.stderr
+        assert 'was started with' in rerun.stderr and 'another NAME' in rerun.stderr

@@ -5,6 +5,7 @@ was never interrupted (policy, Adam, KL coefficient, every round's labels and re
 people on the page, a killed run never asks a question twice. Bad settings are one line at launch."""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -17,8 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from test_resume import (NAME, REPO_ROOT, assert_killed, env, finish, kill_when_exists, launch_cli, policy_args,
-                         write_corpus)
+from conftest import (NAME, REPO_ROOT, assert_killed, env, finish, kill_when_exists, last_line, launch_cli,
+                         policy_args, write_corpus)
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite only
 
@@ -68,8 +69,9 @@ def assert_same_run(whole, resumed):
                         b / 'policy' / 'checkpoints' / f'model-{STEPS}.safetensors')
     assert_same_tensors(a / 'policy' / 'train_state' / f'state-{STEPS}.safetensors',
                         b / 'policy' / 'train_state' / f'state-{STEPS}.safetensors')  # Adam's moments too
-    extra = [json.loads((d / 'policy' / 'train_state' / f'state-{STEPS}.json').read_text())['extra'] for d in (a, b)]
-    assert extra[0]['kl_coef'] == extra[1]['kl_coef'] != 0.15
+    sidecars = [json.loads((d / 'policy' / 'train_state' / f'state-{STEPS}.json').read_text()) for d in (a, b)]
+    assert sidecars[0]['extra']['kl_coef'] == sidecars[1]['extra']['kl_coef'] != 0.15
+    assert sidecars[0]['rng'] == sidecars[1]['rng']  # every random stream, the process's torch one included
     for k in (1, 2):
         assert_same_file(a / 'online' / f'round-{k}' / 'labels.json', b / 'online' / f'round-{k}' / 'labels.json')
         assert_same_file(a / 'online' / f'round-{k}' / 'questions.jsonl', b / 'online' / f'round-{k}' / 'questions.jsonl')
@@ -166,6 +168,102 @@ def test_killed_as_a_round_finishes_resumes_bit_for_bit(whole, tmp_path):
     assert_same_run(whole[0], tmp_path)
 
 
+def empty_checkpoints_from_step_10(d):
+    for path in (d / 'policy' / 'checkpoints').glob('model-*.safetensors'):
+        if int(path.name.split('.')[0].split('-')[1]) >= 10:
+            path.write_bytes(b'')  # the states of step 10 on refer to these: skipped
+
+
+def stats_rows_lost_past_step_8(d):
+    stats = d / 'train_policy_stats.jsonl'
+    stats.write_text(''.join(line for line in stats.read_text().splitlines(keepends=True)
+                             if json.loads(line)['step'] <= 8))  # the states past the log give way
+
+
+@pytest.mark.parametrize('damage', [empty_checkpoints_from_step_10, stats_rows_lost_past_step_8])
+def test_resumed_from_a_state_before_a_finished_round_scores_with_its_reward_model(whole, tmp_path, damage):
+    """Killed once round 1 is finished, then the newest policy checkpoints found empty, or the stats' rows lost past
+    step 8 (recovery paths the README promises): the rerun resumes from a state before the round's step and, at
+    that step, must take up round 1's reward model without asking again, as the uninterrupted run."""
+    _, args, _ = whole
+    killed = launch_cli('train_policy', tmp_path, args, exp='test')
+    watcher = kill_when_exists(killed, run_dir(tmp_path) / 'online' / 'round-1' / 'done.json')
+    assert_killed(killed, watcher)
+    damage(run_dir(tmp_path))
+    code, out, err = finish(launch_cli('train_policy', tmp_path, args, exp='test'))
+    assert code == 0, err[-3000:]
+    resumed_at = int(re.search(r'train_policy: resuming from \S+ \(step (\d+)', out).group(1))
+    assert resumed_at < 10 and 'online round 1/2 at' not in out
+    assert 'online: PPO scores with the reward model of round 1' in out.split('train_policy: resuming from')[1]
+    assert_same_run(whole[0], tmp_path)
+
+
+def test_a_finished_rounds_empty_reward_model_is_retrained_from_its_states(whole, tmp_path):
+    """Killed in PPO after round 1, its reward model's checkpoint then found empty: the rerun retrains it from its
+    run's training states (as an interrupted retraining) and goes on bit for bit."""
+    _, args, _ = whole
+    killed = launch_cli('train_policy', tmp_path, args, exp='test')
+    assert_killed(killed, kill_when_exists(killed, run_dir(tmp_path) / 'policy' / 'train_state' / 'state-14.json'))
+    for path in (run_dir(tmp_path) / 'online' / 'reward-1' / 'reward_model' / 'checkpoints').glob('model-*'):
+        path.write_bytes(b'')
+    code, out, err = finish(launch_cli('train_policy', tmp_path, args, exp='test'))
+    assert code == 0, err[-3000:]
+    assert 'online round 1: its reward model does not load' in out and 'online round 1/2 at' not in out
+    assert_same_run(whole[0], tmp_path)
+
+
+# Round 2 answered, then held before its retraining (a marker file says when), so that the kill lands there.
+HELD_BEFORE_RETRAINING_2 = """
+import runpy, sys, time
+from pathlib import Path
+from lm_human_preferences.online import loop
+retrain = loop.OnlineLoop._retrain
+def held(self, k):
+    if k == 2:
+        Path(self.dir, 'answered-2').write_text('')
+        time.sleep(60)
+    return retrain(self, k)
+loop.OnlineLoop._retrain = held
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+def test_damaged_round_files_are_rebuilt_and_the_run_goes_on_bit_for_bit(whole, tmp_path):
+    """A finished round's labels.json cut in half and an unfinished round's questions.jsonl with a torn last line
+    (while its answers are kept): the rerun rebuilds round 1's labels from its answers.jsonl and writes round 2's
+    question batch back, made again; never emptied, and the same run as the uninterrupted one."""
+    _, args, _ = whole
+    online = run_dir(tmp_path) / 'online'
+    killed = launch_cli('train_policy', tmp_path, args, exp='test', driver=HELD_BEFORE_RETRAINING_2)
+    assert_killed(killed, kill_when_exists(killed, online / 'answered-2'))
+    (online / 'answered-2').unlink()
+    labels = online / 'round-1' / 'labels.json'
+    labels.write_bytes(labels.read_bytes()[:len(labels.read_bytes()) // 2])
+    questions = online / 'round-2' / 'questions.jsonl'
+    questions.write_bytes(questions.read_bytes()[:-30])
+    code, out, err = finish(launch_cli('train_policy', tmp_path, args, exp='test'))
+    assert code == 0, err[-3000:]
+    assert f'online round 2: {questions}: batch 0 was cut short; made again' in out
+    assert_same_run(whole[0], tmp_path)
+
+
+def test_a_finished_rounds_short_answers_are_one_line(whole, tmp_path):
+    """Round 1's answers.jsonl missing records (no kill leaves that) before round 2 retrains: one line naming the
+    file and what to do, and round 2's retraining labels are not written."""
+    _, args, _ = whole
+    online = run_dir(tmp_path) / 'online'
+    killed = launch_cli('train_policy', tmp_path, args, exp='test', driver=HELD_BEFORE_RETRAINING_2)
+    assert_killed(killed, kill_when_exists(killed, online / 'answered-2'))
+    answers = online / 'round-1' / 'answers.jsonl'
+    answers.write_text(''.join(answers.read_text().splitlines(keepends=True)[1:]))  # its first answer lost
+    code, out, err = finish(launch_cli('train_policy', tmp_path, args, exp='test'))
+    assert code == 1 and last_line(err) == (f'error: online round 1: {answers} holds 15 labels, the round needs 16: '
+                                            f'restore the file from a copy, or move {online / "round-1"} (and the '
+                                            f'rounds after it) away to ask its questions again'), err[-2000:]
+    assert not (online / 'reward-2' / 'labels.json').exists()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
@@ -232,10 +330,34 @@ def test_people_are_never_asked_twice_across_a_kill(tmp_path):
     (['--online.retrains', '2', '--online.labeler', 'rule', '--online.split', '1,2,3'], "'online.split' is '1,2,3'"),
     (['--online.retrains', '40', '--online.labeler', 'rule'], "fewer than the run's 30 PPO batches"),
     (['--online.retrains', '1', '--online.labeler', 'people', '--online.host', '0.0.0.0'], "'online.labelers' is None"),
+    (['--online.retrains', '1', '--online.labeler', 'people', '--online.origin', 'https://labels.example.org'],
+     "'online.labelers' is None"),
+    (['--online.retrains', '1', '--online.labeler', 'people', '--online.port', '99999'],
+     "'online.port' is 99999: it must be a port number from 0 to 65535"),
+    (['--online.retrains', '1', '--online.labeler', 'people', '--online.port', 'TAKEN'],
+     "'online.port' is TAKEN: cannot serve the labeling page on 127.0.0.1 port TAKEN: Address already in use"),
+    (['--online.retrains', '2', '--online.labeler', 'rule', '--online.num_labels', '64', '--online.split', '1e-9,1'],
+     "'online.split' is '1e-9,1': its weights give the 64 labels as 6.4e-08, 64: each round needs at least one "
+     "minibatch of 8"),
+    (['--online.retrains', '2', '--online.labeler', 'rule', '--online.num_labels', '64', '--online.split', '1,1e-9'],
+     "'online.split' is '1,1e-9'"),
 ])
 def test_bad_online_settings_are_one_line_at_launch(tmp_path, extra, says):
-    args = policy_args('test') + extra
-    proc = subprocess.run([sys.executable, 'launch.py', 'train_policy', 'test', NAME, '--save_dir', str(tmp_path),
-                           *args], cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=120)
+    with socket.socket() as taken:
+        taken.bind(('127.0.0.1', 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        args = policy_args('test') + [a.replace('TAKEN', port) for a in extra]
+        says = says.replace('TAKEN', port)
+        proc = subprocess.run([sys.executable, 'launch.py', 'train_policy', 'test', NAME, '--save_dir', str(tmp_path),
+                               *args], cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count('\n') == 1 and says in proc.stderr, proc.stderr
     assert not os.path.exists(tmp_path / NAME)  # nothing ran
+
+
+def test_the_loop_is_found_from_the_command_line():
+    proc = subprocess.run([sys.executable, 'launch.py', 'train_policy', '--help'], cwd=REPO_ROOT, env=env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0
+    for option in ('--online.retrains', '--online.labeler', '--online.num_labels'):
+        assert option in proc.stdout, proc.stdout

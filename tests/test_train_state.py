@@ -371,3 +371,25 @@ def test_two_processes(tmp_path, monkeypatch):
     # Process 0's full disk: both processes raise (process 1 does not go on alone into the next collective).
     assert p0['error'] == p1['error'] and 'No space left on device' in p0['error'] and 'state-2' in p0['error']
     assert ckpt.train_state_steps(tmp_path / 'save') == [1]
+
+
+@pytest.mark.parametrize('fail_in', ['safetensors', 'json'])
+def test_full_disk_on_a_resave_keeps_the_committed_state(tmp_path, monkeypatch, fail_in):
+    """A rerun saves its last state again: a write that fails then must not uncommit the state it replaces."""
+    net, opt = _save_three(tmp_path)
+    before = {p: open(tmp_path / 'train_state' / p, 'rb').read() for p in os.listdir(tmp_path / 'train_state')}
+    with torch.no_grad():
+        net.gain.fill_(4)  # other tensors than the committed state 3's
+    monkeypatch.setattr(os, 'write', _full_disk_after(100, b'{' if fail_in == 'json' else b''))
+    with pytest.raises(ckpt.CheckpointWriteError, match='No space left on device'):
+        ckpt.save_train_state(tmp_path, 3, modules=dict(net=net), optimizer=opt)
+    monkeypatch.undo()
+    after = {p: open(tmp_path / 'train_state' / p, 'rb').read() for p in os.listdir(tmp_path / 'train_state')}
+    assert after == before  # state 3 as committed, nothing staged left beside it
+    net2, opt2 = make()
+    assert ckpt.load_latest_train_state(tmp_path, modules=dict(net=net2), optimizer=opt2).step == 3
+    assert net2.gain.item() == 3
+    # and a re-save that succeeds replaces it
+    ckpt.save_train_state(tmp_path, 3, modules=dict(net=net), optimizer=opt)
+    assert ckpt.load_latest_train_state(tmp_path, modules=dict(net=net2), optimizer=opt2).step == 3
+    assert net2.gain.item() == 4

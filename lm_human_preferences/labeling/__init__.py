@@ -2,6 +2,7 @@
 
 - questions.py: the questions, a query and a policy's responses that pass the task's truncation filter
   (forms: one policy's, or the paper's validation form, initial model against trained policy);
+- session.py: the one way a session is made (the question asked, its texts' settings), for both users below;
 - store.py: a labeling session on disk, every answer kept as it is given, the labels in the original's format;
 - server.py and page/: the labeling page in a browser and its JSON API (several labelers at once);
 - command.py: `python launch.py label EXPERIMENT NAME`;

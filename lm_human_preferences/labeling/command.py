@@ -12,32 +12,20 @@ import os
 import sys
 import time
 
-from lm_human_preferences import label_types
 from lm_human_preferences.labeling import questions as questions_module
-from lm_human_preferences.labeling.server import LabelServer, is_loopback
-from lm_human_preferences.labeling.store import LabelStore, SESSION_FILE, parse_labelers
+from lm_human_preferences.labeling import session as session_module
+from lm_human_preferences.labeling.server import LabelServer, check_origin, is_loopback
+from lm_human_preferences.labeling.store import SESSION_FILE, parse_labelers
 from lm_human_preferences.language import trained_models
 from lm_human_preferences.policy import Policy
-from lm_human_preferences.training import run as run_module
+from lm_human_preferences.training import run_folders
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import gcs, stopping
-
-QUESTION_BATCH = 16  # questions made at a time: a person's next minutes
 
 
 def default_save_dir():
     """Where label sessions go unless --save_dir says: <datasets dir>/labels (kept: people's work is data)."""
     return os.path.join(gcs.datasets_dir(), 'labels')
-
-
-def instruction(experiment, label_type, offline=None):
-    """What the page asks: the experiment's question for the label type's form (the offline experiments: their
-    labeler's rule in words)."""
-    key = next(iter(label_types.get(label_type).label_schemas()))
-    table = offline.labeler.instruction if offline is not None else questions_module.INSTRUCTIONS.get(experiment)
-    if table is None:
-        table = questions_module.GENERIC_INSTRUCTION
-    return table[key]
 
 
 def _policy(model, task):
@@ -64,47 +52,48 @@ def _run_policy(save_dir, task):
     return _policy(trained_models.TrainedModel(name='policy', savedir=os.path.join(save_dir, 'policy')), task)
 
 
-def label_session(hparams, *, experiment, offline, policy=None, validation=None, num=100, labelers=None,
-                  host='127.0.0.1', port=0, overlap=0.05, question_batch=QUESTION_BATCH, prepare_task=None):
+def label_session(hparams, *, offline, policy=None, validation=None, num=100, labelers=None,
+                  host='127.0.0.1', port=0, overlap=0.05, origin=None, question_batch=session_module.QUESTION_BATCH,
+                  prepare_task=None):
     """Serve the session in hparams.run.save_dir (a train_reward experiment's hparams: its task, labels.type and
     run.seed) until num labels are given; returns the store. offline: the OfflineExperiment (or None);
     prepare_task(task, run_seed): what makes the task's initial model first (an offline experiment's pretraining,
-    which the launcher passes). Every bad argument is one line before anything is made."""
+    which the launcher passes); origin: the page's public address behind a reverse proxy. Every bad argument is
+    one line before anything is made; the page is up before the first questions are made."""
     task, label_type, seed = hparams.task, hparams.labels.type, hparams.run.seed or 0
     directory = hparams.run.save_dir
     existing = None
-    if os.path.isfile(os.path.join(directory, SESSION_FILE)):
+    if session_module.recorded(directory):
         with open(os.path.join(directory, SESSION_FILE)) as f:
             existing = json.load(f)
     _check_arguments(directory, existing, policy=policy, validation=validation, num=num, labelers=labelers,
-                     host=host, overlap=overlap)
+                     host=host, overlap=overlap, origin=origin)
     run_dir = policy or validation
     if run_dir is not None:
         _run_hparams(run_dir, task)
-    if prepare_task is not None:
-        prepare_task(task, run_seed=hparams.run.seed)
-    initial_model = trained_models.TrainedModel(task.policy.initial_model)
-    origin = dict(form='validation' if validation else 'policy', initial_model=initial_model.checkpoint(),
-                  run=os.path.abspath(run_dir) if run_dir else None)
-    if existing is not None:
-        _check_same_session(existing, directory, label_type=label_type, origin=origin)
-    os.makedirs(directory, exist_ok=True)
-    with run_module.locked_save_dir(directory):
+    server = LabelServer(host=host, port=port, origin=origin)  # a port in use: one line, nothing made
+    try:
+        if prepare_task is not None:
+            prepare_task(task, run_seed=hparams.run.seed)
+        initial_model = trained_models.TrainedModel(task.policy.initial_model)
+        made_from = dict(form='validation' if validation else 'policy', initial_model=initial_model.checkpoint(),
+                         run=os.path.abspath(run_dir) if run_dir else None)
         if existing is not None:
-            store = LabelStore(directory)
+            _check_same_session(existing, directory, label_type=label_type, origin=made_from)
+        os.makedirs(directory, exist_ok=True)
+        with run_folders.locked_save_dir(directory):
+            store = session_module.open_session(
+                directory, hparams, encoding=initial_model.encoding.name, labelers=parse_labelers(labelers),
+                overlap=overlap, target=num, seed=seed, origin=made_from,
+                labeler=offline.labeler if offline is not None else None)
             store.set_target(num)
-        else:
-            store = LabelStore.create(
-                directory, label_type=label_type, instruction=instruction(experiment, label_type, offline),
-                texts=dict(encoding=initial_model.encoding.name, query_prefix=task.query_prefix,
-                           query_suffix=task.query_suffix),
-                labelers=parse_labelers(labelers), overlap=overlap, target=num, seed=seed, origin=origin)
-        return _serve(store, task=task, label_type=label_type, seed=seed, initial_model=initial_model,
-                      run_dir=run_dir, validation=validation is not None, host=host, port=port,
-                      question_batch=question_batch)
+            return _serve(store, server, task=task, label_type=label_type, seed=seed, initial_model=initial_model,
+                          run_dir=run_dir, validation=validation is not None, question_batch=question_batch)
+    finally:
+        server.stop()
 
 
-def _check_arguments(directory, existing, *, policy, validation, num, labelers, host, overlap):
+def _check_arguments(directory, existing, *, policy, validation, num, labelers, host, overlap, origin):
     if policy is not None and validation is not None:
         raise ValueError('--policy and --validation both name a run: give one (--validation asks about the '
                          'initial model and that run\'s policy side by side)')
@@ -112,14 +101,25 @@ def _check_arguments(directory, existing, *, policy, validation, num, labelers, 
         raise ValueError(f'--num {num}: the labels wanted must be at least 1')
     if not 0 <= overlap < 1:
         raise ValueError(f'--overlap {overlap}: the share of questions asked twice must be at least 0 and under 1')
-    parse_labelers(labelers)
-    if existing is not None and labelers is not None and existing['labelers'] is None:
-        raise ValueError(f'{directory} is an open session (anyone names themselves): --labelers can only be given '
-                         f'when a session starts')
-    named = existing['labelers'] if existing is not None else labelers
-    if not is_loopback(host) and named is None:
-        raise ValueError(f'--host {host} opens the page beyond this machine: name the labelers with --labelers '
-                         f'a,b,... so that each gets a link with a secret of their own')
+    check_origin(origin)
+    given = parse_labelers(labelers)
+    if existing is not None:
+        recorded = existing['labelers']
+        if labelers is not None and recorded is None:
+            raise ValueError(f'{directory} is an open session (anyone names themselves): --labelers can only be given '
+                             f'when a session starts')
+        if given is not None and set(given) != set(recorded):
+            raise ValueError(f'--labelers {labelers}: {directory} was started with --labelers '
+                             f'{",".join(recorded)} (their links stay the same): give those, or another NAME for '
+                             f'a new session')
+        if overlap != existing['overlap']:
+            raise ValueError(f'--overlap {overlap}: {directory} was started with --overlap {existing["overlap"]}: '
+                             f'give that, or another NAME for a new session')
+    named = existing['labelers'] if existing is not None else given
+    if (not is_loopback(host) or origin is not None) and named is None:
+        raise ValueError(f'--host {host}' + (f' --origin {origin}' if origin else '') + ' opens the page beyond this '
+                         'machine: name the labelers with --labelers a,b,... so that each gets a link with a secret '
+                         'of their own')
 
 
 def _check_same_session(recorded, directory, *, label_type, origin):
@@ -128,29 +128,28 @@ def _check_same_session(recorded, directory, *, label_type, origin):
                          f'{recorded["origin"]}): give this one another NAME (or --save_dir)')
 
 
-def _serve(store, *, task, label_type, seed, initial_model, run_dir, validation, host, port, question_batch):
-    rho = _policy(initial_model, task)
-    if run_dir is None:
-        policy, initial = rho, None
-    else:
-        policy = _run_policy(run_dir, task)
-        initial = rho if validation else None
-    source = questions_module.QuestionSource(task=task, label_type=label_type, policy=policy, initial=initial,
-                                             size=question_batch, seed=seed, origin=store.session['origin'])
-
-    def more_questions(store):
-        made = source.batch(store.batches)
-        store.add_questions(made)
-        return bool(made)
-
-    server = LabelServer(host=host, port=port, more_questions=more_questions)
+def _serve(store, server, *, task, label_type, seed, initial_model, run_dir, validation, question_batch):
+    """The page first (it says no question is open while the models load and the first batch is made), then
+    questions a batch at a time as they are needed, until the labels wanted are given."""
     server.set_session(store)
-    if not store.order:
-        more_questions(store)
     _announce(store, server, task, run_dir, validation)
     server.start()
     try:
-        _wait(store, server)
+        rho = _policy(initial_model, task)
+        if run_dir is None:
+            policy, initial = rho, None
+        else:
+            policy = _run_policy(run_dir, task)
+            initial = rho if validation else None
+        source = questions_module.QuestionSource(task=task, label_type=label_type, policy=policy, initial=initial,
+                                                 size=question_batch, seed=seed, origin=store.session['origin'])
+
+        def more_questions(store):
+            made = source.batch(store.batches)
+            store.add_questions(made)
+            return bool(made)
+        server.more_questions = more_questions
+        _wait(store, server, question_batch)
     except KeyboardInterrupt as e:
         print(f'\nlabel stopped by {stopping.signal_name(getattr(e, "signum", 2))}: {store.progress()["done"]} labels '
               f'are saved in {store.directory}; rerunning the same command goes on from there', file=sys.stderr)
@@ -173,32 +172,32 @@ def _announce(store, server, task, run_dir, validation):
         print(f'  open {server.link()} in a browser (each labeler gives a name; ?labeler=NAME in the link)')
     else:
         for name, key in store.session['labelers'].items():
-            print(f'  {name}: {server.link(name, key)}')
+            print(f'  {name}: {" or ".join(server.links(name, key))}')
     print('  Ctrl-C stops; rerunning the same command goes on where it stopped', flush=True)
 
 
 def _status(store):
     p = store.progress()
-    per = ', '.join(f'{k} {v["answers"]}' for k, v in store.log_summary().items())
+    per = ', '.join(f'{k} {v["answers"]}' for k, v in store.per_labeler().items())
     agreement = store.agreement()
     agree = (f'; agreement {agreement["agree"]:.0%} on {agreement["pairs"]} questions asked twice'
              + (f' (chance {agreement["chance"]:.0%})' if agreement['chance'] else '') if agreement['pairs'] else '')
     return f'{p["done"]}/{p["target"]} labels' + (f' ({per})' if per else '') + agree
 
 
-def _wait(store, server, poll_s=0.5):
+def _wait(store, server, question_batch, poll_s=0.5):
     """Until the labels wanted are given: a line each time the count changes (at most every 5 s), the next batch
     of questions made ahead when fewer than half a batch are open."""
     last, printed = None, 0.0
     while not store.complete():
-        time.sleep(poll_s)
-        if store.unasked() < QUESTION_BATCH // 2:
+        if store.unasked() < question_batch // 2:
             with server.making:
                 server.more_questions(store)
         done = store.progress()['done']
         if done != last and time.time() - printed >= 5:
             print(f'[label: {_status(store)}]', flush=True)
             last, printed = done, time.time()
+        time.sleep(poll_s)
     time.sleep(1.0)  # the last answer's page asks for its next question: it learns the session is done
 
 

@@ -147,9 +147,3 @@ class QuestionSource:
             questions.append(question)
         return questions
 
-
-def texts(question, *, task, encoder, keys):
-    """What the page shows of a question: the query with the task's prefix and suffix, the responses (padding
-    stripped: it decodes to nothing)."""
-    return dict(query=task.query_prefix + encoder.decode(question['query']) + task.query_suffix,
-                responses=[encoder.decode(question[k]) for k in keys])

@@ -20,7 +20,8 @@ Who is asked what (`next_for`): a labeler never gets a question they answered or
 answer, or two from different labelers when it is one of the share asked twice (`overlap`, for agreement); a
 labeler is first offered such a question that someone else has answered. A question shown to a labeler is
 theirs (a lease) until they answer, skip or take LEASE_S seconds, so that two people are not asked the same
-question at once; a reload shows them the same question in the same order.
+question at once; a reload shows them the same question in the same order. A labeler answers or skips only the
+question shown to them.
 """
 
 import hashlib
@@ -49,16 +50,29 @@ COMPARE_SCALE = (-3, 3)
 
 
 class LabelingError(ValueError):
-    """A request the store refuses, changing nothing; status is the HTTP status the server answers with."""
+    """A request the store refuses, changing nothing (the server answers each kind with its HTTP status)."""
 
-    def __init__(self, message, status=400):
-        super().__init__(message)
-        self.status = status
+
+class BadAnswer(LabelingError):
+    """A value the session cannot take: a choice off the scale, a malformed labeler name or question id."""
+
+
+class WrongLabeler(LabelingError):
+    """A labeler not named in the session, or a wrong secret."""
+
+
+class UnknownQuestion(LabelingError):
+    """No question of the session has this id."""
+
+
+class NotNow(LabelingError):
+    """A request the session's state refuses: a second answer, a question not shown to this labeler, a closed
+    session, nothing to undo."""
 
 
 def check_labeler_name(name):
     if not isinstance(name, str) or not LABELER_NAME.fullmatch(name):
-        raise LabelingError(f'labeler name {name!r}: use 1 to 40 letters, digits, "_", "." or "-"', 400)
+        raise BadAnswer(f'labeler name {name!r}: use 1 to 40 letters, digits, "_", "." or "-"')
     return name
 
 
@@ -95,18 +109,21 @@ def overlap_question(index, share):
     return int((index + 1) * share) > int(index * share)
 
 
+def _line(record):
+    return (json.dumps(record, allow_nan=False) + '\n').encode()  # strict JSON: no NaN a strict reader refuses
+
+
 def _append_line(f, record):
-    f.write((json.dumps(record) + '\n').encode())
+    f.write(_line(record))
     f.flush()
     os.fsync(f.fileno())
 
 
-def _read_lines(path, *, repair=True):
-    """The JSON lines of path; a last line cut off by a kill (no newline, or not JSON) is dropped (and, with
-    repair, cut from the file, so that the next append starts a line of its own). A damaged line before others:
-    ValueError."""
+def _read_lines(path):
+    """The JSON lines of path, and the length of its intact part when its last line was cut off by a kill (no
+    newline, or not JSON: dropped), else None. A damaged line before others: DamagedSession."""
     if not os.path.exists(path):
-        return []
+        return [], None
     with open(path, 'rb') as f:
         lines = f.readlines()
     records, good_bytes = [], 0
@@ -117,15 +134,27 @@ def _read_lines(path, *, repair=True):
             record = None
         if not isinstance(record, dict):
             if i == len(lines) - 1:
-                if repair:
-                    with open(path, 'r+b') as f:
-                        f.truncate(good_bytes)
-                break
-            raise ValueError(f'{path} line {i + 1} is no JSON record, with lines after it: the file is damaged '
-                             f'(no write of ours leaves that)')
+                return records, good_bytes
+            raise DamagedSession(f'{path} line {i + 1} is no JSON record, with lines after it: the file is damaged '
+                                 f'(no write of ours leaves that)')
         records.append(record)
         good_bytes += len(line)
-    return records
+    return records, None
+
+
+def _cut(path, good_bytes):
+    """Cut a torn last line from path, so that the next append starts a line of its own."""
+    with open(path, 'r+b') as f:
+        f.truncate(good_bytes)
+
+
+class DamagedSession(ValueError):
+    """A session's file in a state no kill leaves (one line naming it). batch: the question batch cut short while
+    answers.jsonl holds answers to it (made again, the same, it is written back by restore_batch), else None."""
+
+    def __init__(self, message, batch=None):
+        super().__init__(message)
+        self.batch = batch
 
 
 class LabelStore:
@@ -153,10 +182,23 @@ class LabelStore:
         self.closed = False
         self.leases = {}  # labeler -> (question id, time shown)
         self.writable = writable
-        for question in _read_lines(os.path.join(directory, QUESTIONS_FILE), repair=writable):
+        questions_path, answers_path = (os.path.join(directory, name) for name in (QUESTIONS_FILE, ANSWERS_FILE))
+        questions, questions_torn = _read_lines(questions_path)
+        events, answers_torn = _read_lines(answers_path)
+        for question in questions:
             self._add_question(question)
-        self._drop_partial_batch()
-        for event in _read_lines(os.path.join(directory, ANSWERS_FILE), repair=writable):
+        asked = {e['question'] for e in events if 'question' in e}
+        rewritten = self._drop_partial_batch(answered=asked)
+        unknown = sorted(asked - set(self.questions))
+        if unknown:
+            raise DamagedSession(f'{answers_path} answers {len(unknown)} questions that {questions_path} lacks '
+                                 f'({unknown[0]} first): a file is damaged; restore it from a copy, or move '
+                                 f'{directory} away to start the session again')
+        if writable and questions_torn is not None and not rewritten:
+            _cut(questions_path, questions_torn)
+        if writable and answers_torn is not None:
+            _cut(answers_path, answers_torn)
+        for event in events:
             self._apply(event)
         self._questions_file = self._answers_file = None
         if writable:
@@ -192,21 +234,60 @@ class LabelStore:
         self.questions[question['id']] = question
         self.order.append(question['id'])
 
-    def _drop_partial_batch(self):
-        """A batch cut off by a kill (fewer lines than its size): dropped from the file and from memory (none of
-        it was shown: a batch is served only once it is all on disk)."""
+    def _drop_partial_batch(self, answered):
+        """A batch cut off by a kill (fewer lines than its size): dropped from memory and, writable, from the file
+        (a batch is served only once it is all on disk: none of it was shown). Returns whether the file was
+        written. answered: the question ids answers.jsonl holds; an answer to the batch means the file was damaged
+        later: DamagedSession, the file as it is."""
+        path = os.path.join(self.directory, QUESTIONS_FILE)
         if not self.order:
-            return
+            if answered:
+                raise DamagedSession(f'{path} holds no question while answers.jsonl holds answers: the file was '
+                                     f'damaged; restore it from a copy, or move {self.directory} away to start the '
+                                     f'session again', batch=0)
+            return False
         last = self.questions[self.order[-1]]
         batch = [i for i in self.order if self.questions[i]['batch'] == last['batch']]
         if len(batch) == last['batch_size']:
-            return
+            return False
+        if answered & set(batch) or any(self._index(i) > self._index(self.order[-1]) for i in answered):
+            raise DamagedSession(f'{path}: its last batch of questions (batch {last["batch"]}) is cut short '
+                                 f'({len(batch)} of {last["batch_size"]} lines) while answers.jsonl holds answers to '
+                                 f'it: the file was damaged after it was written; restore it from a copy, or move '
+                                 f'{self.directory} away to start the session again', batch=last['batch'])
         for i in batch:
             del self.questions[i]
         self.order = self.order[:-len(batch)]
         if self.writable:
-            kept = b''.join((json.dumps(self.questions[i]) + '\n').encode() for i in self.order)
-            files.atomic_write(os.path.join(self.directory, QUESTIONS_FILE), kept)
+            files.atomic_write(path, b''.join(_line(self.questions[i]) for i in self.order))
+        return self.writable
+
+    @staticmethod
+    def _index(question_id):
+        return int(question_id[1:]) if isinstance(question_id, str) and question_id[1:].isdigit() else -1
+
+    def _records(self, questions, batch, start):
+        """The records of a batch of questions as questions.jsonl holds them (ids from start on)."""
+        return [dict(question, id=f'q{start + j:06d}', batch=batch, batch_size=len(questions),
+                     overlap=overlap_question(start + j, self.session['overlap'])) for j, question in enumerate(questions)]
+
+    @classmethod
+    def restore_batch(cls, directory, batch, questions):
+        """Write back question batch `batch`, cut short by damage (DamagedSession.batch), from the same questions
+        made again; refused (DamagedSession) unless its intact lines are theirs. Returns the store."""
+        path = os.path.join(directory, QUESTIONS_FILE)
+        intact, _ = _read_lines(path)
+        kept = [q for q in intact if q['batch'] < batch]
+        with open(os.path.join(directory, SESSION_FILE)) as f:
+            session = json.load(f)
+        store = cls.__new__(cls)
+        store.session = session
+        remade = store._records(questions, batch, len(kept))
+        if intact[len(kept):] != remade[:len(intact) - len(kept)]:
+            raise DamagedSession(f'{path}: batch {batch} made again differs from its intact lines: restore the file '
+                                 f'from a copy, or move {directory} away to start the session again')
+        files.atomic_write(path, b''.join(_line(q) for q in kept + remade))
+        return cls(directory)
 
     @property
     def batches(self):
@@ -217,17 +298,13 @@ class LabelStore:
         """Append a batch of questions (dicts holding the label type's question fields, plus anything JSON-able
         to keep with them, e.g. `origin`); returns their ids. The batch is on disk before any is served."""
         with self._lock:
-            batch, start = self.batches, len(self.order)
-            added = []
-            for j, question in enumerate(questions):
+            for question in questions:
                 missing = [k for k in ['query'] + self.sample_keys if k not in question]
                 if missing:
                     raise ValueError(f'a question lacks {missing} (label type {self.label_type})')
-                index = start + j
-                record = dict(question, id=f'q{index:06d}', batch=batch, batch_size=len(questions),
-                              overlap=overlap_question(index, self.session['overlap']))
-                self._questions_file.write((json.dumps(record) + '\n').encode())
-                added.append(record)
+            added = self._records(questions, self.batches, len(self.order))
+            for record in added:
+                self._questions_file.write(_line(record))
             self._questions_file.flush()
             os.fsync(self._questions_file.fileno())
             for record in added:
@@ -272,14 +349,14 @@ class LabelStore:
 
     def check_labeler(self, labeler, key=None):
         """The labeler's name if they may label (named in the session with this secret, or any name in an open
-        session); LabelingError 403 otherwise."""
+        session); WrongLabeler otherwise."""
         check_labeler_name(labeler)
         secrets = self.session['labelers']
         if secrets is not None:
             # hmac: a comparison in constant time
             if labeler not in secrets or not isinstance(key, str) or not hmac.compare_digest(secrets[labeler], key):
-                raise LabelingError(f'labeler {labeler!r} is not named in this session or its key is wrong: use '
-                                    f'the link printed for you', 403)
+                raise WrongLabeler(f'labeler {labeler!r} is not named in this session or its key is wrong: use '
+                                   f'the link printed for you')
         return labeler
 
     def _available(self, question_id, labeler, now):
@@ -317,18 +394,28 @@ class LabelStore:
     # Answers
 
     def _question_for(self, labeler, question_id):
+        if not isinstance(question_id, str):
+            raise BadAnswer(f'question {question_id!r}: expected a question id, e.g. "q000000"')
         if question_id not in self.questions:
-            raise LabelingError(f'unknown question {question_id!r}', 404)
+            raise UnknownQuestion(f'unknown question {question_id!r}')
         if self.closed:
-            raise LabelingError('this session is closed: it takes no more answers', 409)
+            raise NotNow('this session is closed: it takes no more answers')
         done = self.done_by.get(labeler, {}).get(question_id)
         if done is not None:
-            raise LabelingError(f'question {question_id} was {"answered" if done == "answer" else "skipped"} by '
-                                f'{labeler} already', 409)
+            raise NotNow(f'question {question_id} was {"answered" if done == "answer" else "skipped"} by '
+                         f'{labeler} already')
         if len(self.answers.get(question_id, [])) >= self.wanted(question_id):
-            raise LabelingError(f'question {question_id} has all the answers it wants (another labeler answered '
-                                f'it)', 409)
+            raise NotNow(f'question {question_id} has all the answers it wants (another labeler answered it)')
         return self.questions[question_id]
+
+    def _leased(self, labeler, question_id):
+        """When the question was shown to the labeler, who may answer or skip only the question shown to them
+        (a question leased to another, or never shown, is not theirs to answer)."""
+        lease = self.leases.get(labeler)
+        if lease is None or lease[0] != question_id:
+            raise NotNow(f'question {question_id} is not the one shown to {labeler}: answer the question the page '
+                         f'shows (GET /api/next)')
+        return lease[1]
 
     def label_of(self, choice, order):
         """The label (the original's field and value) of a person's choice on the page, given the order the
@@ -336,14 +423,14 @@ class LabelStore:
         scalar_rating, a score on RATING_SCALE; scalar_compare, a value on COMPARE_SCALE, positive when the
         second shown response is better -> `difference`, sample1's minus sample0's."""
         if isinstance(choice, bool) or not isinstance(choice, (int, float)):
-            raise LabelingError(f'choice {choice!r}: expected a number', 400)
+            raise BadAnswer(f'choice {choice!r}: expected a number')
         if self.label_key == 'best':
             if not isinstance(choice, int) or not 0 <= choice < len(order):
-                raise LabelingError(f'choice {choice!r}: pick a response by its position, 0 to {len(order) - 1}', 400)
+                raise BadAnswer(f'choice {choice!r}: pick a response by its position, 0 to {len(order) - 1}')
             return order[choice]
         low, high = RATING_SCALE if self.label_key == 'score' else COMPARE_SCALE
-        if not low <= choice <= high:
-            raise LabelingError(f'choice {choice!r}: expected a number from {low} to {high}', 400)
+        if not low <= choice <= high:  # NaN is no number from low to high either
+            raise BadAnswer(f'choice {choice!r}: expected a number from {low} to {high}')
         if self.label_key == 'difference':
             return float(choice) if order == [0, 1] else -float(choice)
         return float(choice)
@@ -354,18 +441,21 @@ class LabelStore:
         self._write_labels()
 
     def answer(self, labeler, question_id, choice, *, client_seconds=None, now=None):
-        """Record the labeler's answer to the question (choice: as label_of reads it); returns the event.
-        LabelingError (nothing changes) for an unknown question, a second answer, a bad choice."""
+        """Record the labeler's answer to the question shown to them (choice: as label_of reads it; client_seconds:
+        how long the page says it took, a number at least 0, or None); returns the event. LabelingError (nothing
+        changes) for an unknown question, a second answer, a question not shown to them, a bad choice."""
         now = time.time() if now is None else now
+        if client_seconds is not None and (isinstance(client_seconds, bool) or not isinstance(
+                client_seconds, (int, float)) or not 0 <= client_seconds < float('inf')):
+            raise BadAnswer(f'seconds {client_seconds!r}: expected the seconds the answer took, a number at least 0')
         with self._lock:
             self._question_for(labeler, question_id)
             order = self.shown_order(question_id, labeler)
             label = self.label_of(choice, order)
-            lease = self.leases.get(labeler)
-            shown = lease[1] if lease is not None and lease[0] == question_id else None
+            shown = self._leased(labeler, question_id)
             event = dict(event='answer', question=question_id, labeler=labeler, label={self.label_key: label},
                          choice=choice, order=order, shown_at=shown, answered_at=now,
-                         seconds=None if shown is None else round(now - shown, 3), client_seconds=client_seconds)
+                         seconds=round(now - shown, 3), client_seconds=client_seconds)
             self._log(event)
             self.leases.pop(labeler, None)
             return event
@@ -381,22 +471,20 @@ class LabelStore:
                 event = dict(event='answer', question=question_id, labeler=labeler, label={self.label_key: value},
                              choice=None, order=order, shown_at=None, answered_at=now, seconds=None,
                              client_seconds=None)
-                self._answers_file.write((json.dumps(event) + '\n').encode())
+                self._answers_file.write(_line(event))
                 self._apply(event)
             self._answers_file.flush()
             os.fsync(self._answers_file.fileno())
             self._write_labels()
 
     def skip(self, labeler, question_id, *, now=None):
-        """The labeler passes on the question: never shown to them again, open to others."""
+        """The labeler passes on the question shown to them: never shown to them again, open to others."""
         now = time.time() if now is None else now
         with self._lock:
             self._question_for(labeler, question_id)
-            lease = self.leases.get(labeler)
-            shown = lease[1] if lease is not None and lease[0] == question_id else None
+            shown = self._leased(labeler, question_id)
             self._log(dict(event='skip', question=question_id, labeler=labeler, order=self.shown_order(
-                question_id, labeler), shown_at=shown, answered_at=now,
-                seconds=None if shown is None else round(now - shown, 3)))
+                question_id, labeler), shown_at=shown, answered_at=now, seconds=round(now - shown, 3)))
             self.leases.pop(labeler, None)
 
     def undo(self, labeler, *, now=None):
@@ -405,10 +493,10 @@ class LabelStore:
         now = time.time() if now is None else now
         with self._lock:
             if self.closed:
-                raise LabelingError('this session is closed: its answers are final', 409)
+                raise NotNow('this session is closed: its answers are final')
             history = self.history.get(labeler, [])
             if not history:
-                raise LabelingError(f'{labeler} has no answer or skip to undo', 409)
+                raise NotNow(f'{labeler} has no answer or skip to undo')
             question_id = history[-1]['question']
             self._log(dict(event='undo', question=question_id, labeler=labeler, at=now))
             self.leases[labeler] = (question_id, now)
@@ -481,7 +569,7 @@ class LabelStore:
                      if self.label_key == 'best' and self.questions[e['question']].get('pi_samples')]
         return dict(wins=sum(picks) / len(picks) if picks else None, answers=len(picks))
 
-    def log_summary(self):
+    def per_labeler(self):
         """Per labeler: answers, skips, median seconds an answer took (as the server timed them)."""
         with self._lock:
             summary = {}

@@ -30,6 +30,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -37,16 +38,16 @@ import torch
 
 from lm_human_preferences import label_types, offline_experiments
 from lm_human_preferences.labeling import questions as questions_module
+from lm_human_preferences.labeling import session as session_module
 from lm_human_preferences.labeling.programs import label_best
-from lm_human_preferences.labeling.server import LabelServer, is_loopback
-from lm_human_preferences.labeling.store import LabelStore, SESSION_FILE, parse_labelers
+from lm_human_preferences.labeling.server import LabelServer, check_origin, is_loopback
+from lm_human_preferences.labeling.store import DamagedSession, LabelStore, parse_labelers
 from lm_human_preferences.rewards import TrainedRewardModel
 from lm_human_preferences.training.progress import PRINT_EVERY_S
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import files, hyperparams, ranks
 
 PEOPLE = 'people'
-QUESTION_BATCH = 16  # questions added at a time when people skip more than the round's reserve
 
 
 @dataclass
@@ -59,6 +60,7 @@ class OnlineHParams(hyperparams.HParams):
     host: str = '127.0.0.1'  # people: the page's address (another than loopback needs labelers)
     port: int = 8765
     labelers: Optional[str] = None  # people: 'alice,bob', a link with a secret each (None: anyone names themselves)
+    origin: Optional[str] = None  # people: the address they open when a reverse proxy serves the page (https://NAME)
 
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
@@ -68,15 +70,21 @@ class OnlineHParams(hyperparams.HParams):
                 'it must be at least 1')
         require(hyperparams.nonnegative(self.validation_share) and self.validation_share < 1,
                 prefix + 'validation_share', self.validation_share, 'it must be a number from 0 to under 1')
+        require(isinstance(self.port, int) and 0 <= self.port <= 65535, prefix + 'port', self.port,
+                'it must be a port number from 0 to 65535 (0 picks a free one)')
         if self.retrains:
             require(self.labeler in (PEOPLE, *offline_experiments.LABELERS), prefix + 'labeler', self.labeler,
                     f"with {prefix}retrains, name who labels: '{PEOPLE}' (the labeling page), or a program: "
                     + ', '.join(f"'{k}' ({v}'s)" for k, v in offline_experiments.LABELERS.items()))
             split_weights(self, prefix=prefix)
-            if self.labeler == PEOPLE and not is_loopback(self.host):
+            try:
+                check_origin(self.origin)
+            except ValueError as e:
+                raise hyperparams.HParamValueError(f"hyperparameter '{prefix}origin': {e}") from None
+            if self.labeler == PEOPLE and (not is_loopback(self.host) or self.origin is not None):
                 require(self.labelers is not None, prefix + 'labelers', self.labelers,
-                        f'with {prefix}host {self.host} (beyond this machine) name the labelers, e.g. alice,bob: '
-                        f'each gets a link with a secret')
+                        f'with {prefix}host {self.host}' + (f' {prefix}origin {self.origin}' if self.origin else '')
+                        + ' (beyond this machine) name the labelers, e.g. alice,bob: each gets a link with a secret')
             if self.labelers is not None:
                 try:
                     parse_labelers(self.labelers)
@@ -127,13 +135,22 @@ def check_hparams(hparams, nupdates, *, prefix=''):
     hyperparams.require(total % reward.batch_size == 0, prefix + 'online.num_labels', total,
                         f'it must be a multiple of {prefix}rewards.train_new_model.batch_size {reward.batch_size} '
                         f'(each retraining is one epoch of whole minibatches)')
-    sizes = round_sizes(hparams)
-    hyperparams.require(min(sizes) > 0, prefix + 'online.num_labels', total,
+    hyperparams.require(total >= online.retrains * reward.batch_size, prefix + 'online.num_labels', total,
                         f'each of the {online.retrains} rounds needs at least one minibatch of '
                         f'{reward.batch_size} labels: give at least {online.retrains * reward.batch_size}')
+    weights = split_weights(online)
+    shares = [total * w / sum(weights) for w in weights]  # what the weights ask of each round, before rounding
+    hyperparams.require(min(shares) >= reward.batch_size, prefix + 'online.split', online.split,
+                        f'its weights give the {total} labels as ' + ', '.join(f'{x:.4g}' for x in shares)
+                        + f': each round needs at least one minibatch of {reward.batch_size}')
     hyperparams.require(online.retrains < nupdates, prefix + 'online.retrains', online.retrains,
                         f'it must be fewer than the run\'s {nupdates} PPO batches (one retraining between batches)')
     label_type = label_types.get(reward.labels.type)
+    if online.labeler == PEOPLE:  # the page's port, free now rather than after the first training
+        try:
+            LabelServer(host=online.host, port=online.port).stop()
+        except OSError as e:
+            raise hyperparams.HParamValueError(f"hyperparameter '{prefix}online.port' is {online.port}: {e}") from None
     if online.labeler != PEOPLE and not isinstance(label_type, label_types.PickBest):
         raise ValueError(f"{prefix}online.labeler {online.labeler}: a program labels best_of_N questions, "
                          f"{prefix}rewards.train_new_model.labels.type is {reward.labels.type}")
@@ -175,6 +192,7 @@ class OnlineLoop:
         self.labeler = None if self.people else offline_experiments.labeler(self.online.labeler)
         self.server = None
         self.initial = None  # the first training's labels: (train records, held-out records)
+        self.scoring_round = 0  # the round whose reward model PPO scores with (0: the first training's)
 
     # ---------------------------------------------------------------------------------------------------
     def start(self):
@@ -185,7 +203,7 @@ class OnlineLoop:
         if finished:
             self._load_reward_model(finished[-1])
         if self.people and ranks.is_root():
-            self.server = LabelServer(host=self.online.host, port=self.online.port).start()
+            self.server = LabelServer(host=self.online.host, port=self.online.port, origin=self.online.origin).start()
             self.server.set_session(None, self._waiting_message(step))
             links = self._labeler_secrets()
             print(f'online: labels from people at {self.server.link()}' + (
@@ -211,6 +229,8 @@ class OnlineLoop:
             self._finish_round(k, results)
             self._load_reward_model(k)
             self.restore()  # the retraining drew from the random streams: PPO takes them back as it saved them
+        elif self.scoring_round != k:  # resumed from a state before this round, which a run before finished
+            self._load_reward_model(k)
         with open(self._done_path(k)) as f:
             stats = json.load(f)['stats']
         self.run.stats.log(stats, step, log_interval=1)
@@ -265,7 +285,7 @@ class OnlineLoop:
             size=n_validation, first_query=first + size - n_validation, initial=self.ppo_trainer.ref_policy,
             origin=dict(form='validation', round=k), **dict(common, seed=seed + 500)) if n_validation else None
         extras = questions_module.QuestionSource(
-            size=QUESTION_BATCH, first_query=first + size, origin=dict(form='policy', round=k),
+            size=session_module.QUESTION_BATCH, first_query=first + size, origin=dict(form='policy', round=k),
             **dict(common, seed=seed + 700)) if self.people else None
         return policy_form, validation_form, extras
 
@@ -290,29 +310,38 @@ class OnlineLoop:
                 pass
 
     def _session(self, k, sources):
-        directory = self._round_dir(k)
-        if os.path.isfile(os.path.join(directory, SESSION_FILE)):
-            store = LabelStore(directory)
-        else:
-            texts = dict(encoding=self.ppo_trainer.policy.trained_model.encoding.name,
-                         query_prefix=self.hparams.task.query_prefix, query_suffix=self.hparams.task.query_suffix)
-            instruction = (self.labeler.instruction if self.labeler is not None else
-                           questions_module.INSTRUCTIONS.get(self.hparams.task.query_dataset,
-                                                             questions_module.GENERIC_INSTRUCTION))
-            key = next(iter(label_types.get(self.label_type).label_schemas()))
-            store = LabelStore.create(directory, label_type=self.label_type, instruction=instruction[key],
-                                      texts=texts, labelers=self._labeler_secrets() or None,
-                                      overlap=0.05 if self.people else 0.0, target=self.sizes[k - 1],
-                                      seed=self.hparams.run.seed or 0, origin=dict(round=k, step=self.steps[k - 1]))
+        def open_session():
+            return session_module.open_session(
+                self._round_dir(k), self.reward_hparams, encoding=self.ppo_trainer.policy.trained_model.encoding.name,
+                labelers=self._labeler_secrets() or None, overlap=0.05 if self.people else 0.0,
+                target=self.sizes[k - 1], seed=self.hparams.run.seed or 0, origin=dict(round=k, step=self.steps[k - 1]),
+                labeler=self.labeler)
+        try:
+            store = open_session()
+        except DamagedSession as e:
+            if e.batch is None:
+                raise ValueError(f'online round {k}: {e}') from None
+            # The round's questions depend only on the policy at its step, the task and the seed: made again, the
+            # same, the batch is written back (its answers stay theirs).
+            print(f'online round {k}: {e.args[0].split(":")[0]}: batch {e.batch} was cut short; made again',
+                  flush=True)
+            remade = self._round_questions(k, sources) if e.batch == 0 else sources[2].batch(e.batch - 1)
+            LabelStore.restore_batch(self._round_dir(k), e.batch, remade).close_files()
+            store = open_session()
         if not store.order:
-            made = []
-            for source in sources[:2]:
-                if source is not None:
-                    made += source.batch(0)
-            if self.people:  # the validation questions spread over the round, not all at its end
-                made = [made[i] for i in np.random.RandomState(k).permutation(len(made))]
-            store.add_questions(made)
+            store.add_questions(self._round_questions(k, sources))
         return store
+
+    def _round_questions(self, k, sources):
+        """Round k's questions (its session's batch 0): the policy form's, then the validation form's (for people
+        in a shuffled order, the validation questions spread over the round, not all at its end)."""
+        made = []
+        for source in sources[:2]:
+            if source is not None:
+                made += source.batch(0)
+        if self.people:
+            made = [made[i] for i in np.random.RandomState(k).permutation(len(made))]
+        return made
 
     def _label_by_program(self, k, store):
         """The program's answer to every question of the round (each from the round's seed and the question's
@@ -380,11 +409,11 @@ class OnlineLoop:
         train, held_out = self._initial_labels()
         train = list(train)
         for j in range(1, k + 1):
-            with open(os.path.join(self._round_dir(j), 'labels.json')) as f:
-                train += json.load(f)[:self.sizes[j - 1]]  # answers past the round's size (people) wait unused
-        if ranks.is_root() and not os.path.isfile(labels_path):
+            train += self._round_labels(j)
+        merged = json.dumps(train + held_out).encode()
+        if ranks.is_root() and not (os.path.isfile(labels_path) and Path(labels_path).read_bytes() == merged):
             os.makedirs(hparams.run.save_dir, exist_ok=True)
-            files.atomic_write(labels_path, json.dumps(train + held_out).encode())
+            files.atomic_write(labels_path, merged)  # a damaged or short file of an earlier run: written again
         utils.mpi_bcast(None)
         hparams.labels.source = labels_path
         hparams.labels.num_train = len(train)
@@ -394,6 +423,24 @@ class OnlineLoop:
             print(f'online round {k}/{len(self.steps)}: retraining the reward model from a fresh head on '
                   f'{len(train)} labels (one epoch) in {hparams.run.save_dir}', flush=True)
         return train_reward.train(hparams)
+
+    def _round_labels(self, j):
+        """Round j's labels, the first of its size (answers past it, people's, wait unused), rebuilt from its
+        session's answers.jsonl, the truth (labels.json is a copy written from it); one line naming the file and
+        what to do when it is damaged or short."""
+        directory = self._round_dir(j)
+        try:
+            store = LabelStore(directory, writable=ranks.is_root())  # rank 0's writes labels.json again from it
+            store.close_files()
+            records = store.label_records()
+        except (ValueError, KeyError, OSError) as e:
+            raise ValueError(f'online round {j}: {e}; restore the file from a copy, or move {directory} (and the '
+                             f'rounds after it) away to ask its questions again') from None
+        if len(records) < self.sizes[j - 1]:
+            raise ValueError(f'online round {j}: {os.path.join(directory, "answers.jsonl")} holds {len(records)} '
+                             f'labels, the round needs {self.sizes[j - 1]}: restore the file from a copy, or move '
+                             f'{directory} (and the rounds after it) away to ask its questions again')
+        return records[:self.sizes[j - 1]]
 
     def _finish_round(self, k, results):
         """done.json: the round's stats (logged at its step), written last."""
@@ -413,9 +460,27 @@ class OnlineLoop:
 
     # ---------------------------------------------------------------------------------------------------
     # 3. PPO on
+    def _read_reward_model(self, k):
+        # The model's constructor draws its fresh head from the process's torch stream before the weights are
+        # loaded over it: drawn in a fork, so that a resumed run's streams are the uninterrupted run's.
+        with torch.random.fork_rng(devices=[]):
+            return TrainedRewardModel(os.path.join(self._reward_dir(k), 'reward_model'), self.score_model.encoding)
+
     def _load_reward_model(self, k):
-        new = TrainedRewardModel(os.path.join(self._reward_dir(k), 'reward_model'), self.score_model.encoding)
+        """Round k's reward model into PPO's score model; a finished round's that fails to load (a damaged
+        checkpoint) is retrained from its run's training states first, as an interrupted retraining is."""
+        try:
+            new = self._read_reward_model(k)
+        except (OSError, ValueError) as e:
+            if ranks.is_root():
+                print(f'online round {k}: its reward model does not load ({e}); retraining it from its training '
+                      f'states in {self._reward_dir(k)}', flush=True)
+            self.save()  # PPO's state here: the retraining draws from the random streams, which PPO takes back
+            self._retrain(k)
+            new = self._read_reward_model(k)
+            self.restore()
         self.score_model.load_state_dict(new.state_dict())
+        self.scoring_round = k
         if ranks.is_root():
             print(f'online: PPO scores with the reward model of round {k} ({self._reward_dir(k)})', file=sys.stdout,
                   flush=True)

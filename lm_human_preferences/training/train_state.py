@@ -275,21 +275,36 @@ def _write_train_state(save_dir, step, tensors, sidecar, *, keep):
     try:
         os.makedirs(state_dir, exist_ok=True)
         files.remove_stale_temporaries(state_dir)
-        if os.path.exists(sidecar_path):
-            # Re-saving a step: uncommit it first, so that a crash below cannot pair the old .json with
-            # the new tensors (the step would look corrupt instead of simply absent).
-            os.remove(sidecar_path)
-            files.fsync_dir(state_dir)
         data = save(tensors)
-        files.atomic_write(tensors_path, data)
         sidecar = dict(sidecar, tensors=os.path.basename(tensors_path),
                        tensors_sha256=hashlib.sha256(data).hexdigest(), tensors_bytes=len(data))
-        del data
         sidecar['sha256'] = hashlib.sha256(_canonical(sidecar)).hexdigest()
-        path = sidecar_path
-        files.atomic_write(sidecar_path, json.dumps(sidecar, indent=1, sort_keys=True).encode())
+        sidecar_bytes = json.dumps(sidecar, indent=1, sort_keys=True).encode()
+        if os.path.exists(sidecar_path):
+            # Re-saving a committed step (a rerun saves its state again): the new files are written beside it
+            # and renamed over it, the .json last, so that a write that fails (a full disk) leaves the committed
+            # state as it was; tensors of the same bytes are kept as they are.
+            staged = f'.tmp-{os.getpid()}'  # files.remove_stale_temporaries' pattern: a kill leaves no state
+            same = os.path.isfile(tensors_path) and files.sha256_file(tensors_path) == sidecar['tensors_sha256']
+            if not same:
+                files.atomic_write(tensors_path + staged, data)
+            del data
+            path = sidecar_path
+            files.atomic_write(sidecar_path + staged, sidecar_bytes)
+            if not same:
+                os.replace(tensors_path + staged, tensors_path)
+            os.replace(sidecar_path + staged, sidecar_path)
+            files.fsync_dir(state_dir)
+        else:
+            files.atomic_write(tensors_path, data)
+            del data
+            path = sidecar_path
+            files.atomic_write(sidecar_path, sidecar_bytes)
     except OSError as e:
-        if path == sidecar_path and os.path.exists(tensors_path):
+        for staged_path in (tensors_path + f'.tmp-{os.getpid()}', sidecar_path + f'.tmp-{os.getpid()}'):
+            if os.path.exists(staged_path):
+                os.remove(staged_path)
+        if path == sidecar_path and os.path.exists(tensors_path) and not os.path.exists(sidecar_path):
             os.remove(tensors_path)  # its .json never arrived: the tensors alone are no state
         err = CheckpointWriteError(f'could not save the training state to {path}: {_one_line(e)} '
                                    f'(earlier states in {state_dir} are kept)')

@@ -8,6 +8,7 @@ let current = null;      // the /api/next reply being shown
 let shownAt = 0;         // when the question was drawn (performance.now())
 let busy = false;        // a request is in flight: keys and clicks wait for it
 let pollTimer = null;
+const POLL_MS = 3000;    // how often a page with nothing to show (or no server) looks again
 
 const $ = (id) => document.getElementById(id);
 
@@ -23,7 +24,15 @@ async function call(method, path, body) {
     options.headers['Content-Type'] = 'application/json';
     options.body = JSON.stringify(Object.assign({ labeler: who.labeler, key: who.key }, body));
   }
-  const reply = await fetch(path, options);
+  let reply;
+  try {
+    reply = await fetch(path, options);
+  } catch (e) {  // the browser's own words ("Failed to fetch") say nothing to a labeler
+    const error = new Error('The labeling server cannot be reached (stopped, or starting again): this page tries ' +
+                            'again every few seconds.');
+    error.network = true;
+    throw error;
+  }
   let data;
   try { data = await reply.json(); } catch (e) { data = { error: `the server answered ${reply.status}` }; }
   if (!reply.ok) throw new Error(data.error || `the server answered ${reply.status}`);
@@ -48,7 +57,10 @@ function scalePoints(info) {
   const points = [];
   for (let v = low, k = 1; v <= high; v++, k++) {
     let what = '';
-    if (info.label === 'score') what = v === low ? 'worst' : v === high ? 'best' : '';
+    if (info.label === 'score') {
+      const [worst, best] = info.scale_ends || ['worst', 'best'];
+      what = v === low ? worst : v === high ? best : '';
+    }
     else what = v === 0 ? 'about the same' :
       `${v < 0 ? 'A' : 'B'} ${['slightly better', 'better', 'much better'][Math.min(Math.abs(v), 3) - 1]}`;
     points.push([v, String(k), what]);
@@ -72,6 +84,8 @@ function render(data) {
     $('instruction').textContent = data.instruction;
     $('help-instruction').textContent = data.instruction;
     helpKeys(data);
+  } else if (data.state === 'waiting') {
+    $('instruction').textContent = 'Waiting for questions';
   }
   $('labeler').textContent = who.labeler ? `labeler: ${who.labeler}` : '';
   showProgress(data.progress);
@@ -79,7 +93,7 @@ function render(data) {
     $('question').hidden = true;
     $('state').hidden = false;
     $('state').textContent = data.message;
-    if (data.state !== 'done') pollTimer = setTimeout(next, 3000);
+    if (data.state !== 'done') pollTimer = setTimeout(next, POLL_MS);
     return;
   }
   const q = data.question;
@@ -87,6 +101,9 @@ function render(data) {
   $('question').hidden = false;
   $('question').dataset.id = q.id;
   $('query').textContent = q.query;
+  // A query is all the model saw, a few tokens of a passage at times: the labeler judges the continuation of this.
+  $('query-note').textContent = `all the model saw: ${q.query_tokens} tokens (judge the responses as ` +
+    'continuations of this alone)';
   const list = $('responses');
   list.innerHTML = '';
   const letters = data.label === 'difference';
@@ -134,6 +151,12 @@ async function run(action) {
     banner('');
   } catch (e) {
     banner(e.message);
+    // A failed request must not end the page's looking: it asks for its question again (after a server
+    // restart, the question it shows is no longer held for this labeler).
+    if (e.network || !current || current.state !== 'question') {
+      clearTimeout(pollTimer);
+      pollTimer = setTimeout(next, POLL_MS);
+    }
   } finally {
     busy = false;
   }
@@ -182,6 +205,8 @@ function toggleHelp(show) {
 
 document.addEventListener('keydown', (event) => {
   if (event.ctrlKey || event.metaKey || event.altKey) return;
+  const target = event.target;
+  if (target.isContentEditable || ['INPUT', 'TEXTAREA', 'SELECT'].includes(target.tagName)) return;  // typing
   if (event.key === '?') { toggleHelp(); event.preventDefault(); return; }
   if (event.key === 'Escape') { toggleHelp(false); return; }
   if (!$('help').hidden) return;

@@ -160,3 +160,28 @@ def test_short_demo_learns(tmp_path, short_demo, capsys):
     assert query.startswith('query:    ') and response.startswith('response: ')
     query, response = query[len('query:    '):], response[len('response: '):]
     assert len(query) > 10 and set(query + response) <= set('abcdefghijklmnopqrstuvwxyz.')
+
+
+def test_the_report_says_who_labelled():
+    """The report names who gave the reward model's labels and, where that was not the program that scores the
+    samples (people on the page, a label file, the online loop's rounds), both: the program is not credited with
+    people's labels."""
+    def origin(**overrides):
+        hparams = train_policy.HParams()
+        hparams.override_from_dict({k: v for k, v, _ in top_launch.get_experiments()['demo'][0] if k is not None})
+        hparams.override_from_dict(overrides)
+        return experiment.labels_origin(demo.EXPERIMENT, hparams)
+    rule = demo.EXPERIMENT.labeler.description
+    assert origin() == rule
+    by_people = origin(**{'rewards.train_new_model.labels.source': 'datasets/labels/mine/labels.json'})
+    assert by_people == 'the label file datasets/labels/mine/labels.json'
+    assert origin(**{'online.retrains': 2, 'online.labeler': 'people'}) == \
+        f'{rule}; then people on the labeling page, in 2 rounds of the online loop'
+    assert origin(**{'online.retrains': 3}) == f'{rule}; then {rule}, in 3 rounds of the online loop'
+    assert origin(**{'rewards.train_new_model': 'off', 'rewards.trained_model': '/m/reward_model'}) == \
+        'none: the reward model /m/reward_model was trained elsewhere'
+    lines = offline_report.format_report(demo.EXPERIMENT, dict(labels_from=by_people, wall_time_s=1)).splitlines()
+    assert f'labels from: {by_people}' in lines and f'samples scored by: {rule}' in lines
+    assert not any(line.startswith('labeler:') for line in lines)
+    lines = offline_report.format_report(demo.EXPERIMENT, dict(labels_from=rule, wall_time_s=1)).splitlines()
+    assert f'labeler: {rule}' in lines

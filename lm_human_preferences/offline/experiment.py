@@ -257,9 +257,27 @@ def _last_write(directory):
     return max(times, default=None)
 
 
+def labels_origin(exp, hparams: train_policy_module.HParams):
+    """Who gave the labels the run's reward model learned from, in a few words for its report: the experiment's
+    program, a label file (e.g. people's, from the labeling page), a reward model trained elsewhere; and the
+    online loop's rounds. The report's score of the samples is the experiment's program whoever labelled."""
+    reward_hparams = hparams.rewards.train_new_model
+    if reward_hparams is None:
+        return f'none: the reward model {hparams.rewards.trained_model} was trained elsewhere'
+    source = reward_hparams.labels.source
+    origin = exp.labeler.description if source == exp.name else f'the label file {source}'
+    online = hparams.online
+    if online.retrains:
+        who = 'people on the labeling page' if online.labeler == 'people' else \
+            exp.labeler.description if online.labeler == exp.labeler.name else f"the program '{online.labeler}'"
+        origin += f'; then {who}, in {online.retrains} rounds of the online loop'
+    return origin
+
+
 def _train_policy(exp, hparams):
     phases = _Phases(exp.name)
     save_dir = hparams.run.save_dir
+    labels_from = labels_origin(exp, hparams)  # before labels.source is pointed at the labels made
     if not save_dir:
         raise ValueError(f'the {exp.name} experiment needs run.save_dir: the report compares the saved policy '
                          f'with the initial one')
@@ -285,7 +303,8 @@ def _train_policy(exp, hparams):
         before, before_examples = sample_scores(exp, hparams.task.policy.initial_model, hparams.task, seed=seed)
         after, after_examples = sample_scores(exp, os.path.join(save_dir, 'policy'), hparams.task, seed=seed)
         shift = reward_model_on_samples(exp, hparams, save_dir, seed=seed)
-    report = dict(labeler=exp.labeler.description, seed=hparams.run.seed, **score_report(exp.labeler, before, after),
+    report = dict(labeler=exp.labeler.description, labels_from=labels_from, seed=hparams.run.seed,
+                  **score_report(exp.labeler, before, after),
                   **policy_report(save_dir, hparams), **shift, **online_report(save_dir))
     if reward_hparams is not None:
         report['reward_seed'] = reward_hparams.run.seed

@@ -203,7 +203,11 @@ def reward_model_on_samples(exp, hparams, save_dir, *, seed):
 
 def format_report(exp, report):
     labeler = exp.labeler
-    lines = ['=' * 78, f'{exp.name.upper()} REPORT', '=' * 78, f'labeler: {labeler.description}']
+    lines = ['=' * 78, f'{exp.name.upper()} REPORT', '=' * 78]
+    # Who labelled and who scores: the same program, unless the labels came from elsewhere (people).
+    labels_from = report.get('labels_from', labeler.description)
+    lines += [f'labeler: {labeler.description}'] if labels_from == labeler.description else \
+        [f'labels from: {labels_from}', f'samples scored by: {labeler.description}']
     if 'seed' in report:
         reward_seed = report.get('reward_seed')
         other = reward_seed not in (None, report['seed'])

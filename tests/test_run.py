@@ -425,6 +425,28 @@ def test_a_stop_outside_the_training_loop_is_one_line(tmp_path, monkeypatch, cap
                                        'same command resumes where it left off\n')
 
 
+def test_a_stop_after_an_inner_run_finished_is_the_enclosing_runs_line(tmp_path, capsys):
+    """The online loop retrains the reward model inside PPO's loop: a stop signal that comes while the retraining
+    finishes its last step is one line, the enclosing run's (the retraining is done: it is not where a rerun
+    resumes); a stop the inner run reports inside its loop is its line alone."""
+    write_labels(tmp_path / 'labels.json', 16)
+    for inner_stops_inside in (False, True):
+        save = tmp_path / str(inner_stops_inside)
+        with run.Run(policy_hparams(save / 'ppo'), 'train_policy') as outer, \
+                run.Run(reward_hparams('', tmp_path / 'labels.json'), 'train_reward') as inner:  # no save dir
+            with stopping.stopping_on_signals(), pytest.raises(stopping.Stopped) as e:
+                with outer.training(step=lambda: 5):
+                    with inner.training(step=lambda: 3):
+                        os.kill(os.getpid(), signal.SIGTERM)
+                        if inner_stops_inside:
+                            raise stopping.Stopped(signal.SIGTERM)
+        assert e.value.signum == signal.SIGTERM
+        err = capsys.readouterr().err.strip().splitlines()
+        line = 'train_reward stopped by SIGTERM (no run.save_dir' if inner_stops_inside else \
+            'train_policy stopped by SIGTERM during step 5 (not saved)'
+        assert len(err) == 1 and err[0].startswith(line), err
+
+
 WORKER_PIDS = """
 import os, sys, time
 sys.path.insert(0, {repo!r})

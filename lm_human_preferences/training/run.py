@@ -42,6 +42,10 @@ SUMMARY_METRICS = dict(train_reward=('loss', 'eval/loss', 'eval/accuracy'),
 
 
 class Run:
+    # Training blocks open in this process: one run's may hold another's (the online loop retrains the reward
+    # model inside PPO's loop), and a stop is reported once, by the run whose command a rerun resumes.
+    _open_training_blocks = 0
+
     def __init__(self, hparams, kind, *, may_change=()):
         """Open the run `kind` ('train_reward' / 'train_policy') of hparams in hparams.run.save_dir (none:
         nothing is written). Collective over processes: the process carrying rank 0 takes the save dir's
@@ -261,25 +265,30 @@ class Run:
         rerun resumes; a second Ctrl-C stops at once. On a non-finite value or a failed save: nothing more is
         written. On other errors: the model checkpoint of the weights reached (save_model_at_exit)."""
         with stopping.deferred():
+            Run._open_training_blocks += 1
             try:
                 yield
                 if save is not None:
                     save()
             except KeyboardInterrupt as e:  # Stopped, or Ctrl-C's own where no handler is installed
-                self._report_stop(e, step())
+                if not getattr(e, 'reported', False):  # an inner run's stop is its line alone
+                    self._report_stop(e, step())
                 raise
             except (finite.NonFiniteError, train_state.CheckpointWriteError):
                 raise  # nothing more is written: no non-finite values, and a failed save would only fail again
             except BaseException:
                 self.save_model_at_exit(step())
                 raise
+            finally:
+                Run._open_training_blocks -= 1
         if self.save_dir and ranks.is_root():
             plots.plot_learning_curves(self.save_dir, kinds=(self.kind[len('train_'):],))
             print(self.summary(step()))
         signum = stopping.stop_signal_of_any_process()
         if signum:  # it came after the last step boundary: the run finished first
             e = stopping.Stopped(signum)
-            self._report_stop(e, step())
+            if not Run._open_training_blocks:  # else the enclosing run, which goes on from here, says where it stopped
+                self._report_stop(e, step())
             raise e
 
     def _report_stop(self, e: KeyboardInterrupt, step):

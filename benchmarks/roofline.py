@@ -30,6 +30,7 @@ The profile is of one more run of each phase; Python = its wall time minus the o
 profiler's own overhead included: a profiled run is slower than a timed one).
 """
 import argparse
+import contextlib
 import inspect
 import json
 import os
@@ -79,7 +80,8 @@ def experiment_shapes(name):
     exp = package.EXPERIMENT
     b = policy_bindings
     return dict(exp=exp, pretrain=pretrain.pretrain_hparams(exp, 1), n_vocab=exp.encoding.n_vocab,
-                threads=exp.cpu_threads, query_length=b['task.query_length'],
+                threads=exp.cpu_threads, results_threads=getattr(exp, 'results_threads', None),
+                query_length=b['task.query_length'],
                 response_length=b['task.response_length'], temperature=b.get('task.policy.temperature', 1.0),
                 rollout_batch_size=b['rewards.train_new_model.rollout_batch_size'],
                 reward_batch_size=b['rewards.train_new_model.batch_size'],
@@ -105,7 +107,6 @@ def build(name, tmp):
     trained = make_model_dir(os.path.join(tmp, name), hparams, encoding, 0)
     gen = torch.Generator().manual_seed(1)
     q, r = s['query_length'], s['response_length']
-    pad = encoding.get_encoder().padding_token
 
     def tokens(*shape):
         return torch.randint(0, n_vocab, shape, generator=gen)
@@ -211,6 +212,10 @@ def build(name, tmp):
     return functions, model_flops, shapes
 
 
+def _addmm(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs):
+    return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+
+
 def _sdpa_cpu(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
     return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
 
@@ -219,15 +224,16 @@ def _sdpa_cpu_backward(grad_out_shape, query_shape, key_shape, value_shape, *arg
     return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 
-# FlopCounterMode knows CUDA's attention kernels, not the CPU's.
-CPU_ATTENTION = {}
+# FlopCounterMode knows CUDA's attention kernels, not the CPU's, and addmm, not its in-place addmm_ (the
+# pretraining's output-layer gradient).
+UNCOUNTED = {torch.ops.aten.addmm_: _addmm}
 if hasattr(torch.ops.aten, '_scaled_dot_product_flash_attention_for_cpu'):
-    CPU_ATTENTION[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu] = _sdpa_cpu
-    CPU_ATTENTION[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward] = _sdpa_cpu_backward
+    UNCOUNTED[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu] = _sdpa_cpu
+    UNCOUNTED[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward] = _sdpa_cpu_backward
 
 
 def counted_flops(fn):
-    with flop_counter.FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
+    with flop_counter.FlopCounterMode(display=False, custom_mapping=UNCOUNTED) as counter:
         fn()
     return counter.get_total_flops()
 
@@ -327,6 +333,26 @@ def peaks(threads_used):
     return out
 
 
+def measure(functions, model_flops, shapes, threads):
+    """Each phase asked for: counted, timed (best of --repeats), profiled; printed as it goes."""
+    rows = {}
+    for phase in args.phases or PHASES:
+        fn = functions[phase]
+        flops = counted_flops(fn)
+        best, times = best_time(fn, args.repeats)
+        prof = profile(fn, shapes['n_vocab'], args.top)
+        rows[phase] = dict(threads=threads, counted_flops=flops, model_flops=model_flops[phase],
+                           best_s=best, times_s=times, gflops=flops / best / 1e9, profile=prof,
+                           load=os.getloadavg()[0])
+        kinds = ', '.join(f'{k} {100 * v / prof["wall_s"]:.0f}%' for k, v in prof['kinds_s'].items())
+        tops = ', '.join(f'{o["op"]} {100 * o["self_s"] / prof["wall_s"]:.0f}%' for o in prof['top_ops'])
+        print(f'  {phase:13s} {flops / 1e9:9.2f} GFLOP counted ({model_flops[phase] / 1e9:.2f} model) '
+              f'{best:8.4f} s  {flops / best / 1e9:7.1f} GFLOP/s  (load {rows[phase]["load"]:.1f})\n'
+              f'      profiled {prof["wall_s"]:.4f} s, {prof["ops_count"]} ops: {kinds}\n'
+              f'      top ops: {tops}', flush=True)
+    return rows
+
+
 def main():
     torch.manual_seed(0)
     kind = dict(kernels=torch.backends.cpu.get_cpu_capability(), describe=cpu.describe('cpu'),
@@ -347,22 +373,12 @@ def main():
             threads = args.threads or shapes['threads']
             threads_used.add(threads)
             torch.set_num_threads(threads)
-            rows = {}
             print(f'\n{name}: {threads} thread(s); {shapes}', flush=True)
-            for phase in args.phases or PHASES:
-                fn = functions[phase]
-                flops = counted_flops(fn)
-                best, times = best_time(fn, args.repeats)
-                prof = profile(fn, shapes['n_vocab'], args.top)
-                rows[phase] = dict(threads=threads, counted_flops=flops, model_flops=model_flops[phase],
-                                   best_s=best, times_s=times, gflops=flops / best / 1e9, profile=prof,
-                                   load=os.getloadavg()[0])
-                kinds = ', '.join(f'{k} {100 * v / prof["wall_s"]:.0f}%' for k, v in prof['kinds_s'].items())
-                tops = ', '.join(f'{o["op"]} {100 * o["self_s"] / prof["wall_s"]:.0f}%' for o in prof['top_ops'])
-                print(f'  {phase:13s} {flops / 1e9:9.2f} GFLOP counted ({model_flops[phase] / 1e9:.2f} model) '
-                      f'{best:8.4f} s  {flops / best / 1e9:7.1f} GFLOP/s  (load {rows[phase]["load"]:.1f})\n'
-                      f'      profiled {prof["wall_s"]:.4f} s, {prof["ops_count"]} ops: {kinds}\n'
-                      f'      top ops: {tops}', flush=True)
+            # As the experiment runs: the ops whose results depend on the threads on its results_threads
+            same_results = cpu.results_threads(shapes['results_threads']) if hasattr(cpu, 'results_threads') \
+                else contextlib.nullcontext()
+            with same_results:
+                rows = measure(functions, model_flops, shapes, threads)
             results['experiments'][name] = dict(shapes=shapes, phases=rows)
             if args.json:
                 json.dump(dict(results, partial=True), open(args.json, 'w'), indent=1)

@@ -70,3 +70,39 @@ def test_the_avx2_stand_in_is_a_cpu_without_native_bf16():
     kernels, native, line = proc.stdout.strip().split('|')
     assert kernels == 'AVX2' and native == 'False'
     assert line.startswith('CPU (1 thread, AVX2 kernels, bf16 not native: ')
+
+
+
+def _model_results(threads):
+    """A small model's logits, value and every gradient after one forward and backward, and the logits of two
+    tokens decoded after it over its KV cache, at `threads` threads."""
+    from lm_human_preferences.language import model
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        lm = model.Model(model.HParams(n_vocab=27, n_ctx=64, n_embd=128, n_head=4, n_layer=2), scalar_heads=['value'])
+        X = torch.randint(0, 26, (16, 54), generator=torch.Generator().manual_seed(1))
+        out = lm(X, padding_token=26, room=2)
+        (out['lm_logits'].logsumexp(-1).mean() + out['value'].square().mean()).backward()
+        results = dict(logits=out['lm_logits'], value=out['value'], **{n: p.grad for n, p in lm.named_parameters()})
+        with torch.no_grad():
+            for i in range(2):
+                step = lm(X[:, -1:], past=out['present'], padding_token=26, check_inputs=False)
+                results[f'decoded {i}'] = step['lm_logits']
+        return results
+    finally:
+        torch.set_num_threads(saved)
+
+
+def test_results_threads_give_one_threads_bits_on_two():
+    """The demo runs on 2 threads with the results of 1 (cpu.results_threads): the layer norms' backward (ATen
+    sums the gain's and bias's gradients per thread: ~1e-8 apart) and a decoded token's attention over the cache
+    (~1e-7) on one thread, the forward and every gradient and decoded logit are 1 thread's bit for bit."""
+    one = _model_results(1)
+    with cpu.results_threads(1):
+        two = _model_results(2)
+    assert cpu._results_threads is None  # closed: torch's threads for every op again
+    assert one.keys() == two.keys()
+    different = [name for name in one if not torch.equal(one[name], two[name])]
+    assert not different, different

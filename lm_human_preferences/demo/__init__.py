@@ -36,9 +36,12 @@ EXPERIMENT = experiment.OfflineExperiment(
                                               score=f"How many letters '{RULE_LETTER}' does this response have "
                                                     f"(1: none, 7: seven or more)?",
                                               difference=f"Which response has more letters '{RULE_LETTER}'?")),
-    # So small a model is bound by per-op overhead: one thread is never far off, where spinning OpenMP threads
-    # slow every step down many times when other processes share the cores.
-    cpu_threads=1,
+    # Its products are most of its time (benchmarks/README.md's roofline account): a second thread pays on two free
+    # cores. The results are one thread's, which made the demo's numbers (the few ops whose results depend on the
+    # thread count run on one: utils/cpu.py). LMHP_CPU_THREADS=1 where other processes share the cores: spinning
+    # OpenMP threads then slow every step down many times.
+    cpu_threads=2,
+    results_threads=1,
     encoding_note=" (the original's 26 letters and '.'): a model of GPT-2's BPE (`main`, a Hugging Face GPT-2 "
                   "included) runs on the sentiment_mini experiment or the paper's tasks",
 )

@@ -20,6 +20,7 @@ Shapes in comments: b = batch, s = new tokens in this call, c = the KV cache's c
 e = n_embd, nh = n_head, d = e // nh.
 """
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import List, Optional
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lm_human_preferences.language import bf16
-from lm_human_preferences.utils import hyperparams
+from lm_human_preferences.utils import cpu, hyperparams
 
 
 @dataclass
@@ -63,7 +64,28 @@ def norm(x, g, b, *, epsilon=1e-5):
     E[(x - E[x])^2]; the original computed E[x^2] - E[x]^2, which rounds differently in fp32 (a few 1e-7
     relative; tests/test_parity.py holds at its 1e-5 against the original's equations in float64).
     """
+    if x.device.type == 'cpu' and torch.is_grad_enabled() and cpu.fewer_results_threads() is not None:
+        return _LayerNormBackwardOnResultsThreads.apply(x, g, b, epsilon)
     return F.layer_norm(x, x.shape[-1:], g, b, epsilon)
+
+
+class _LayerNormBackwardOnResultsThreads(torch.autograd.Function):
+    """Ours: F.layer_norm with its backward on cpu.results_threads' threads: its gradients depend on the thread
+    count (utils/cpu.py). The same kernels: the forward bit for bit, the backward as on that many threads."""
+
+    @staticmethod
+    def forward(ctx, x, g, b, epsilon):
+        y, mean, rstd = torch.ops.aten.native_layer_norm(x, x.shape[-1:], g, b, epsilon)
+        ctx.save_for_backward(x, mean, rstd, g, b)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, mean, rstd, g, b = ctx.saved_tensors
+        with cpu.on_results_threads():
+            grad_x, grad_g, grad_b = torch.ops.aten.native_layer_norm_backward(
+                grad_y, x, x.shape[-1:], mean, rstd, g, b, ctx.needs_input_grad[:3])
+        return grad_x, grad_g, grad_b, None
 
 
 def attention_mask(nd, ns, *, device=None):
@@ -182,7 +204,10 @@ class Attention(nn.Module):
                 cache[1].index_copy_(2, write_at, v)
                 if attend_cache:
                     k, v = cache  # [b, nh, c, d]
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=bias is None)
+            # Ours: on a CPU a single new token's attention over the cache depends on the thread count (utils/cpu.py)
+            one_thread_bound = x.device.type == 'cpu' and s == 1 and attend_cache
+            with cpu.on_results_threads() if one_thread_bound else contextlib.nullcontext():
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, is_causal=bias is None)
         return self.c_proj(a.transpose(1, 2).reshape(rows, e))  # [b*s, e]
 
 

@@ -22,7 +22,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 import torch
 
@@ -66,7 +66,8 @@ class OfflineExperiment:
     labels, and the prefix of the files it writes in the save dir. corpus(): the pretraining text.
     held_out_labels: label records made after labels.num_train, on which train_reward evaluates.
     eval_queries: test queries sampled (once per policy) for the report. cpu_threads: torch's intra-op
-    threads while it runs on a CPU."""
+    threads while it runs on a CPU; results_threads: the thread count whose results it gives at cpu_threads'
+    speed (the few ops whose results depend on the thread count run on that many: utils/cpu.py), None: its own."""
     name: str
     encoding: encodings.Encoding
     corpus: Callable[[], str]
@@ -75,6 +76,7 @@ class OfflineExperiment:
     held_out_labels: int = 256
     eval_queries: int = 256
     cpu_threads: int = 1
+    results_threads: Optional[int] = None
     encoding_note: str = ''  # what the encoding is, and where a model of another one runs (an error says it)
 
 
@@ -165,7 +167,8 @@ def cpu_threads(exp: OfflineExperiment):
     saved = torch.get_num_threads()
     torch.set_num_threads(int(os.environ.get('LMHP_CPU_THREADS', exp.cpu_threads)))
     try:
-        yield
+        with cpu.results_threads(exp.results_threads):
+            yield
     finally:
         torch.set_num_threads(saved)
 

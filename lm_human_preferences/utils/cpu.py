@@ -11,6 +11,7 @@ the chip, not those limits, so native_bf16 reads them too; LMHP_CPU_BF16=off tur
 CPU.
 """
 
+import contextlib
 import os
 
 import torch
@@ -70,3 +71,44 @@ def describe(device=None):
     reason = bf16_off_reason()
     bf16 = 'bf16 native' if reason is None else f'bf16 not native: {reason}'
     return f'CPU ({threads} thread{"s" if threads != 1 else ""}, {kernels()} kernels, {bf16})'
+
+
+
+# The threads whose results the ops that depend on the thread count give (results_threads); None: torch's.
+_results_threads = None
+
+
+@contextlib.contextmanager
+def results_threads(threads):
+    """While it is open, the few ops whose results on a CPU depend on the thread count run on `threads` threads, the
+    rest on torch's: a run then gives the results of `threads` threads at the speed of more. Those ops, found by
+    comparing a model's forward and backward on 1 and 2 threads bit for bit (tests/test_cpu.py): the layer norms'
+    backward (ATen sums the gain's and the bias's gradients in one partial sum per thread) and the attention of a
+    single new token over a KV cache (the CPU's flash-attention kernel splits it by thread); every other op of the
+    model, sampling and training gave the same bits."""
+    global _results_threads
+    saved, _results_threads = _results_threads, threads
+    try:
+        yield
+    finally:
+        _results_threads = saved
+
+
+def fewer_results_threads():
+    """The threads results_threads set, where fewer than torch's; else None (nothing to do)."""
+    threads = _results_threads
+    return threads if threads is not None and threads < torch.get_num_threads() else None
+
+
+@contextlib.contextmanager
+def on_results_threads():
+    """Its block on results_threads' threads (where fewer than torch's), then torch's again."""
+    threads, saved = fewer_results_threads(), torch.get_num_threads()
+    if threads is None:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)

@@ -261,7 +261,9 @@ def kind_of(name, input_shapes, n_vocab):
     """A profiled op's kind: a product (with the output layer apart), attention, an op over the vocabulary
     (softmax, sampling, the cross-entropy), a copy or view, or other."""
     op = name.removeprefix('aten::')
-    vocab = n_vocab > 1000 and any(shape and shape[-1] >= n_vocab for shape in input_shapes)
+    # logits and their softmax, sampling and cross-entropy: [..., n_vocab] (the optimizer's passes over the embedding,
+    # [n_vocab, n_embd] or flattened, are other ops)
+    vocab = n_vocab > 1000 and any(shape and shape[-1] == n_vocab for shape in input_shapes)
     if op in PRODUCTS:
         return 'output-layer products' if any(n_vocab in shape for shape in input_shapes if shape) and n_vocab > 64 \
             else 'block products'

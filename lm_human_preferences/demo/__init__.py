@@ -36,11 +36,11 @@ EXPERIMENT = experiment.OfflineExperiment(
                                               score=f"How many letters '{RULE_LETTER}' does this response have "
                                                     f"(1: none, 7: seven or more)?",
                                               difference=f"Which response has more letters '{RULE_LETTER}'?")),
-    # Its products are most of its time (benchmarks/README.md's roofline account): a second thread pays on two free
-    # cores. The results are one thread's, which made the demo's numbers (the few ops whose results depend on the
-    # thread count run on one: utils/cpu.py). LMHP_CPU_THREADS=1 where other processes share the cores: spinning
-    # OpenMP threads then slow every step down many times.
-    cpu_threads=2,
+    # One thread: on cores shared with other processes, spinning OpenMP threads slow every step down many times
+    # (benchmarks/README.md's roofline account: 3 to 50x at a load of 3 to 4 on 2 cores). On free cores its products
+    # (most of its time) take a second thread: LMHP_CPU_THREADS=2 then gives the same numbers, the few ops whose
+    # results depend on the thread count running on results_threads' one (utils/cpu.py).
+    cpu_threads=1,
     results_threads=1,
     encoding_note=" (the original's 26 letters and '.'): a model of GPT-2's BPE (`main`, a Hugging Face GPT-2 "
                   "included) runs on the sentiment_mini experiment or the paper's tasks",

@@ -1,25 +1,26 @@
 #!/usr/bin/env bash
-# The README's CPU timings, as a new user meets them, on both kinds of CPU: the offline demo, the sentiment
+# The README's CPU timings, as a new user meets them, on three kinds of CPU: the offline demo, the sentiment
 # miniature's first run (empty caches) and its rerun (the same seed, the caches kept), and the fast tier of the
-# tests; on this CPU as it is ("native": with native bf16 where it has it) and under the AVX2 stand-in for a CPU
-# without native bf16 (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2; what it does
-# and how closely it stands in: benchmarks/README.md). Prints one table; writes OUT/cpu_kinds.json and each
-# command's output in OUT/<kind>/.
+# tests; on this CPU as it is ("native": with native bf16 where it has it), held to AVX512-BF16 without AMX
+# ("avx512bf16": ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16, a Sapphire Rapids standing in for a Zen 4; on a CPU without
+# AMX, the CPU as it is) and under the AVX2 stand-in for a CPU without native bf16 (ATEN_CPU_CAPABILITY=avx2
+# ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2; what each does and how closely it stands in:
+# benchmarks/README.md). Prints one table; writes OUT/cpu_kinds.json and each command's output in OUT/<kind>/.
 #
 #   bash benchmarks/cpu_kinds.sh [OUT]                      # default OUT: $TMPDIR/cpu_kinds
-#   KINDS="native avx2" PARTS="demo mini rerun fast" SEEDS="1 2 3" bash benchmarks/cpu_kinds.sh OUT
+#   KINDS="native avx512bf16 avx2" PARTS="demo mini rerun fast" SEEDS="1 2 3" bash benchmarks/cpu_kinds.sh OUT
 #   bash benchmarks/cpu_kinds.sh --table OUT                # the table of OUT again
 #
 # Run it where nothing else runs (the load average is recorded beside every timing): wall times taken under load
 # mean nothing. The results (the miniature's VADER gain, KL, reward-model accuracy) do not depend on the load:
 # SEEDS="1 2 3" gives the README's table rows of a kind (the first seed's first run and rerun are the timings).
-# Run from the repository root, in the README's install; about 1 h for both kinds with SEEDS=1.
+# Run from the repository root, in the README's install; about 1 h for each two kinds with SEEDS=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TABLE_ONLY=0
 if [ "${1:-}" = --table ]; then TABLE_ONLY=1; shift; fi
 OUT=$(realpath -m "${1:-${TMPDIR:-/tmp}/cpu_kinds}")
-KINDS=${KINDS:-native avx2}
+KINDS=${KINDS:-native avx512bf16 avx2}
 PARTS=${PARTS:-demo mini rerun fast}
 SEEDS=${SEEDS:-1}
 RESULTS="$OUT/parts.jsonl"
@@ -30,8 +31,9 @@ kind_env() {  # the environment of a kind: no limit of the caller's, then the ki
     for name in $LIMITS; do echo -n "-u $name "; done
     case $1 in
         native) echo ;;
+        avx512bf16) echo "ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16" ;;
         avx2) echo "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2" ;;
-        *) echo "cpu_kinds.sh: unknown kind '$1' (native, avx2)" >&2; exit 2 ;;
+        *) echo "cpu_kinds.sh: unknown kind '$1' (native, avx512bf16, avx2)" >&2; exit 2 ;;
     esac
 }
 
@@ -92,7 +94,7 @@ def m_s(seconds):
     return f'{int(seconds // 60)}m{seconds % 60:02.0f}s'
 
 
-print(f'\n{"kind":7s} {"part":6s} {"run":12s} {"wall":>8s}  {"load":>9s}  phases (report) / result')
+print(f'\n{"kind":10s} {"part":6s} {"run":12s} {"wall":>8s}  {"load":>9s}  phases (report) / result')
 for row in rows:
     extra = ''
     r = report(row) if row['part'] != 'fast' else None
@@ -109,7 +111,7 @@ for row in rows:
         last = [line for line in open(row['log']).read().splitlines() if ' in ' in line][-1:]
         extra = last[0].strip('= ') if last else ''
     status = '' if row['status'] == 0 else f' (exit {row["status"]})'
-    print(f'{row["kind"]:7s} {row["part"]:6s} {row["name"]:12s} {m_s(row["seconds"]):>8s}  '
+    print(f'{row["kind"]:10s} {row["part"]:6s} {row["name"]:12s} {m_s(row["seconds"]):>8s}  '
           f'{row["load"][0]:4.1f}-{row["load"][1]:<4.1f}  {extra}{status}')
 json.dump(dict(out=out, rows=rows), open(os.path.join(out, 'cpu_kinds.json'), 'w'), indent=1)
 print(f'\ncpu_kinds: {os.path.join(out, "cpu_kinds.json")}')

@@ -185,3 +185,18 @@ def test_a_killed_sweep_resumes_the_killed_run_and_repeats_none(tmp_path):
     again = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=300)
     assert again.stdout.count('done earlier') == 3, again.stdout[-2000:]
+
+
+def test_dpo_pairs_are_the_labels_as_export_labels_pairs_them():
+    """A best-of-4 record is three pairs, its best against each other response (labeling/export.py's label_pairs),
+    as texts with the task's query prefix and suffix; the padding token decodes to ''."""
+    from lm_human_preferences.frontier import dpo
+    from lm_human_preferences.language import encodings
+    from lm_human_preferences.lm_tasks import TaskHParams
+    encoder = encodings.Test.get_encoder()
+    task = TaskHParams(query_prefix='q:', query_suffix='>')
+    record = dict(query=encoder.encode('ab'), best=2, **{f'sample{i}': encoder.encode(text) for i, text in
+                                                          enumerate(('x', 'y', 'e.e', 'z'))})
+    record['sample3'] = record['sample3'] + [encoder.padding_token]
+    rows = dpo.preference_rows([record], task, 'test', 'best_of_4')
+    assert rows == dict(prompt=['q:ab>'] * 3, chosen=['e.e'] * 3, rejected=['x', 'y', 'z'])

@@ -17,7 +17,7 @@ import os
 from lm_human_preferences.labeling import export, store
 from lm_human_preferences.language import encodings
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import files
+from lm_human_preferences.utils import files, optional_deps
 
 # DPO's optimizer settings: one pass over the pairs, as the reward model makes one over the labels. The rate is the
 # reward model's and PPO's order for a model this small (GPT-2 124M's DPO rates are ~5e-7).
@@ -45,11 +45,8 @@ def preference_rows(records, task, encoding, label_type):
 
 def check_installed():
     """One line, before any work, when TRL (the `baselines` extra) is missing."""
-    try:
-        import trl  # noqa: F401
-    except ImportError:
-        raise ImportError("the frontier's dpo arm runs TRL's DPOTrainer, which is not installed: "
-                          "pip install -e '.[baselines]' (or leave dpo out: --arms ppo,online,best_of_n)") from None
+    optional_deps.require('trl', extra='baselines',
+                          needed_for="the frontier's dpo arm (TRL's DPOTrainer; or leave it out: --arms ppo,online,best_of_n)")
 
 
 def dpo_config(**wanted):

@@ -90,7 +90,7 @@ def test_dpo_round_trip_and_best_of_n(tmp_path, toy_demo, capsys):
     assert 0 <= dpo_row['rm_initial'] <= 1 and 0 <= dpo_row['rm_trained'] <= 1
     bound = [r['kl'] for r in rows if r['arm'] == 'best_of_n']
     assert bound == pytest.approx([0.5 * 0 + (0.6931471805599453 - 0.5), 1.3862943611198906 - 0.75])
-    assert '[frontier 2/2] dpo seed 1 beta 0.1: 0.1: ' in out
+    assert '[frontier 1/2] best_of_n seed 1: 2: +' in out and '[frontier 2/2] dpo seed 1 beta 0.1: +' in out
     assert (tmp_path / 'frontier.png').stat().st_size > 0 and table.BEGIN in (tmp_path / 'frontier.md').read_text()
 
 

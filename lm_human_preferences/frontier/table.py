@@ -34,7 +34,8 @@ def points_line(points):
     """A run's points in a progress line."""
     if not points:
         return 'reward model trained'
-    return '; '.join(f"{p['value']:g}: {p['gain']:+.2f} ± {p['gain_se']:.2f} sd at {p['kl']:.2f} nats"
+    return '; '.join((f"{p['value']:g}: " if len(points) > 1 else '') +
+                     f"{p['gain']:+.2f} ± {p['gain_se']:.2f} sd at {p['kl']:.2f} nats"
                      + (f" (RM {_pct(p['rm_initial'])} → {_pct(p['rm_trained'])})" if p['rm_trained'] is not None else '')
                      for p in points)
 

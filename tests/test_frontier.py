@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -90,7 +91,8 @@ def test_dpo_round_trip_and_best_of_n(tmp_path, toy_demo, capsys):
     assert 0 <= dpo_row['rm_initial'] <= 1 and 0 <= dpo_row['rm_trained'] <= 1
     bound = [r['kl'] for r in rows if r['arm'] == 'best_of_n']
     assert bound == pytest.approx([0.5 * 0 + (0.6931471805599453 - 0.5), 1.3862943611198906 - 0.75])
-    assert '[frontier 1/2] best_of_n seed 1: 2: +' in out and '[frontier 2/2] dpo seed 1 beta 0.1: +' in out
+    assert re.search(r'^\[frontier 1/2\] best_of_n seed 1: 2: [+-][\d.]+ ± [\d.]+ sd at 0\.19 nats; 4: ', out, re.M), out
+    assert re.search(r'^\[frontier 2/2\] dpo seed 1 beta 0\.1: [+-][\d.]+ ± [\d.]+ sd at [\d.]+ nats \(RM ', out, re.M)
     assert (tmp_path / 'frontier.png').stat().st_size > 0 and table.BEGIN in (tmp_path / 'frontier.md').read_text()
 
 

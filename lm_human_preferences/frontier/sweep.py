@@ -28,9 +28,9 @@ ARMS = ('ppo', 'online', 'best_of_n', 'dpo')
 KNOBS = dict(ppo='target', online='target', best_of_n='n', dpo='beta')
 # Chosen to span about 2 to 10 nats: the KL controller's targets for PPO (four for online PPO, ~10 minutes a run);
 # for best-of-n up to 2,048 samples, whose bound is 6.63 nats (10 nats would take 60,000 samples a query); for DPO
-# (~15 minutes a run), betas from a heavy to a light pull (DPO's KL grows as beta falls).
+# (the costliest arm, most of an hour a run), three betas (DPO's KL grows as beta falls).
 DEFAULT_POINTS = dict(ppo=(2, 4, 6, 8, 10), online=(2, 4, 6, 10), best_of_n=(4, 16, 64, 256, 1024, 2048),
-                      dpo=(0.3, 0.1, 0.03, 0.01))
+                      dpo=(0.1, 0.03, 0.01))
 ONLINE_RETRAINS = 3
 DONE = 'frontier.json'
 REWARD_PREFIX = 'rewards.train_new_model.'  # the reward model's hparams, as train_policy names them

@@ -5,6 +5,7 @@
     python launch.py train_policy descriptiveness my_run [--rewards.trained_model DIR --rewards.train_new_model off]
     python launch.py train_policy demo my_run    # the offline demo: minutes on a CPU, nothing downloaded
     python launch.py train_policy sentiment_mini my_run    # the sentiment task in miniature, offline too
+    python launch.py frontier sentiment_mini    # its reward-KL frontier: PPO offline and online, best-of-n, DPO
 """
 
 import functools
@@ -301,4 +302,5 @@ if __name__ == '__main__':
         train_reward=launch_train_reward,
         label=launch_commands.label_command(get_train_reward_experiments),  # ours: labeling/
         export_labels=launch_commands.launch_export_labels,
+        frontier=launch_commands.frontier_command(launch_train_policy, launch_train_reward, get_experiments),  # ours
     ))

@@ -1,9 +1,10 @@
 """Ours: what launch.py's commands add to the original's: the run name's check, the experiments' default ranks,
 the offline experiments' own entry points (offline_experiments.py), one seed for a whole run, each command's
-`--help`, and our commands `label` and `export_labels` (labeling/)."""
+`--help`, and our commands `label` and `export_labels` (labeling/) and `frontier` (frontier/)."""
 
 import functools
 import os
+import tempfile
 
 from lm_human_preferences import offline_experiments
 from lm_human_preferences.utils import command_line, launch, workers
@@ -102,6 +103,51 @@ def launch_export_labels(session_dir, out=None):
 
 
 launch_export_labels.option_help = dict(out=command_line.REQUIRED)
+
+
+def frontier_command(train_policy, train_reward, policy_experiments):
+    """launch.py's `frontier` command, running launch.py's train_policy and train_reward commands."""
+    def launch_frontier(exp, arms='ppo,online,best_of_n,dpo', seeds='1,2,3', points=None, out=None, kl_budget=6.0,
+                        table_only=False, figure=None, doc=None, best_of_n_queries=64, dpo_learning_rate=1e-4,
+                        dpo_batch_size=64, dpo_epochs=1, **extra_hparams):
+        """Ours: the reward-KL frontier of an offline experiment (lm_human_preferences/frontier/): offline PPO, online
+        PPO (3 retrains, the same labels budget), best-of-n by the reward model and DPO (TRL's DPOTrainer, the
+        `baselines` extra) on each seed's initial model and labels, each at several KL budgets (--points
+        'ppo=2,4,6;dpo=0.1,0.03': KL targets, n, betas), then the table (<out>/frontier.md, .jsonl), the plot and
+        each arm's gain at --kl_budget nats. One progress line a run; rerun the same command to resume (finished
+        runs are kept, a stopped one resumes). --table_only: the table and plot from the finished runs, in seconds.
+        --dotted.hparams go to every run (train_policy's names; rewards.train_new_model.* to the reward models)."""
+        from lm_human_preferences.frontier import sweep, table
+        if exp not in offline_experiments.PACKAGES:
+            raise ConfigError(f"frontier runs an offline experiment, whose labeler scores every arm (choose from: "
+                              f"{', '.join(offline_experiments.PACKAGES)}); got '{exp}'")
+        arm_list = sweep.parse_list('arms', arms, str, allowed=sweep.ARMS)
+        seed_list = sweep.parse_list('seeds', seeds, int)
+        point_lists = sweep.parse_points(points, arm_list)
+        for name, value in (('best_of_n_queries', best_of_n_queries), ('dpo_batch_size', dpo_batch_size),
+                            ('dpo_epochs', dpo_epochs)):
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f'--{name} {value!r}: it must be a whole number at least 1')
+        out = out or os.path.join(tempfile.gettempdir(), 'save', 'frontier', exp)
+        repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        figure = figure or os.path.join(repo, 'static', f'frontier_{exp}.png')
+        doc = doc or (os.path.join(repo, 'docs', 'frontier.md') if exp == 'sentiment_mini' else None)
+        command = ' '.join(['python launch.py frontier', exp, f'--arms {",".join(arm_list)}',
+                            f'--seeds {",".join(map(str, seed_list))}'] + ([f"--points '{points}'"] if points else [])
+                           + [f'--{k} {v}' for k, v in extra_hparams.items()])
+        if not table_only:
+            bound = {k: v for k, v, _ in get_trials(policy_experiments(), 'frontier', exp)[0] if k is not None}
+            sweep.Sweep(exp, out, arms=arm_list, seeds=seed_list, points=point_lists, train_policy=train_policy,
+                        train_reward=train_reward, bound=bound, extra=extra_hparams,
+                        best_of_n_queries=best_of_n_queries,
+                        dpo_options=dict(learning_rate=dpo_learning_rate, batch_size=dpo_batch_size,
+                                         epochs=dpo_epochs)).run_all()
+        table.write(out, arms=arm_list, budget=float(kl_budget), command=command, figure=figure, doc=doc)
+
+    launch_frontier.option_help = dict(points='every arm its defaults (frontier/sweep.py)',
+                                       out='<tmp>/save/frontier/EXP', figure='static/frontier_EXP.png',
+                                       doc='docs/frontier.md for sentiment_mini, none for another')
+    return launch_frontier
 
 
 # `COMMAND --help`: the experiments, and the hparams most often set (`--dry_run` prints all of them).

@@ -45,8 +45,9 @@ def test_tensorflow_and_wandb_are_extras_not_the_core():
     assert _names(optional['tf']) == {'tensorflow-cpu'} and _names(optional['wandb']) == {'wandb'}
     assert optional['test'] == ['pytest']  # light: the Quick start installs it
     assert optional['test-full'] == ['lm-human-preferences-torch[test]', 'transformers', 'selenium']
-    assert optional['all'] == ['lm-human-preferences-torch[tf,wandb,test,test-full]']
-    assert _other_extras_modules() == ['selenium', 'tensorflow', 'transformers', 'wandb']
+    assert _names(optional['baselines']) == {'trl', 'transformers'}  # the frontier's DPO arm
+    assert optional['all'] == ['lm-human-preferences-torch[tf,wandb,test,test-full,baselines]']
+    assert _other_extras_modules() == ['selenium', 'tensorflow', 'transformers', 'trl', 'wandb']
     assert project['name'] == optional_deps.PACKAGE
 
 

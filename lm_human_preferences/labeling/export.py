@@ -25,15 +25,20 @@ def preference_rows(store):
             rows[key].append(value)
     for event in store.events:
         question = store.questions[event['question']]
-        if store.label_key == 'best':
-            best = store.sample_keys[event['label']['best']]
-            for other in store.sample_keys:
-                if other != best:
-                    add(question, event, best, other)
-        elif event['label']['difference']:  # positive: sample1 is the better one
-            first_better = event['label']['difference'] < 0
-            add(question, event, *(('sample0', 'sample1') if first_better else ('sample1', 'sample0')))
+        for better, worse in label_pairs(store.label_key, store.sample_keys, event['label']):
+            add(question, event, better, worse)
     return rows
+
+
+def label_pairs(label_key, sample_keys, label):
+    """The (better, worse) sample keys of one label: its label_key field ('best': an index into sample_keys, a
+    best_of_N label; 'difference': scalar_compare's, positive when sample1 is the better one)."""
+    if label_key == 'best':
+        best = sample_keys[label['best']]
+        return [(best, other) for other in sample_keys if other != best]
+    if label['difference']:
+        return [('sample0', 'sample1') if label['difference'] < 0 else ('sample1', 'sample0')]
+    return []
 
 
 def export_labels(session_dir, out):

@@ -81,6 +81,7 @@ def best_of_n_rows(exp, hparams, *, n, queries, seed):
         for name, ranking in rankings.items():
             picked = labeler_scores.gather(1, ranking[:, :k].argmax(dim=1, keepdim=True))
             row[f'{name}_pick'] = float(picked.mean())
+            row[f'{name}_pick_std'] = float(picked.std(unbiased=False))  # over the queries
         row['labeler_pick'] = float(labeler_scores[:, :k].max(dim=1).values.mean())
         rows.append(row)
         k *= 2
@@ -167,12 +168,13 @@ def final_reward_dir(save_dir, hparams):
 
 
 @torch.no_grad()
-def reward_model_on_samples(exp, hparams, save_dir, *, seed):
+def reward_model_on_samples(exp, hparams, save_dir, *, seed, trained=None):
     """The paper's distributional shift, measured: the final reward model's accuracy on best-of-N questions (the
     label type's N) of exp.eval_queries test queries, answered by the experiment's labeler (ties at random), with
     responses of the initial policy (the samples an offline reward model learns from) and of the trained one
-    (those PPO asks it about at the end), each beside the labeler's ceiling (a perfect learner's accuracy). Rank 0
-    alone; collective (the query data). Returns {rm_accuracy_<initial|trained>_samples, ..._ceiling}."""
+    (those PPO asks it about at the end), each beside the labeler's ceiling (a perfect learner's accuracy). trained:
+    the trained policy's model (default <save_dir>/policy; the frontier's DPO policies are Hugging Face folders). Rank
+    0 alone; collective (the query data). Returns {rm_accuracy_<initial|trained>_samples, ..._ceiling}."""
     from lm_human_preferences.labeling.questions import QuestionSource
     from lm_human_preferences.offline.labels import labeler_ceiling
     from lm_human_preferences.labeling.programs import label_best
@@ -182,7 +184,8 @@ def reward_model_on_samples(exp, hparams, save_dir, *, seed):
                                               allow_untrained_head=hparams.rewards.allow_untrained_head)
     reward_model = reward_model.to(utils.get_device())
     results = {}
-    for when, model in (('initial', task.policy.initial_model), ('trained', os.path.join(save_dir, 'policy'))):
+    trained = os.path.join(save_dir, 'policy') if trained is None else trained
+    for when, model in (('initial', task.policy.initial_model), ('trained', trained)):
         policy, encoder = frozen_policy(model, task)
         source = QuestionSource(task=task, label_type=label_type, policy=policy, size=exp.eval_queries, seed=seed,
                                 filtered=False, mode='test')

@@ -1,0 +1,184 @@
+"""Ours: the frontier's table and plot, from its finished runs' frontier.json files alone (seconds, no model):
+
+    <out>/frontier.jsonl     one row a point: arm, seed, knob, value, gain ± se, KL ± se (measured, or best-of-n's
+                             bound), PPO's objective/kl, the reward model's accuracy on the initial policy's samples
+                             and on the trained policy's, the command that made it
+    <out>/frontier.md        the table in Markdown, and each arm's gain at the KL budget (default 6 nats) per seed,
+                             interpolated on that seed's frontier, with their mean ± standard deviation over seeds
+    figure                   gain against KL, one colour an arm: each seed's points and the mean curve
+    doc                      the Markdown between the doc's markers replaced (the rest of the doc is kept)
+"""
+
+import json
+import os
+
+import numpy as np
+
+from lm_human_preferences.utils import files
+
+BEGIN, END = '<!-- frontier table: begin (written by `launch.py frontier`) -->', '<!-- frontier table: end -->'
+COLOURS = dict(ppo='C0', online='C1', best_of_n='C2', dpo='C3')
+LABELS = dict(ppo='offline PPO (KL target)', online='online PPO, 3 retrains (KL target)',
+              best_of_n='best-of-n by the reward model (n; KL: the bound)', dpo='DPO, TRL (beta)')
+
+
+def minutes(seconds):
+    return f'{int(seconds // 60)}m{int(seconds % 60):02d}s'
+
+
+def _pct(x):
+    return '–' if x is None else f'{100 * x:.1f} %'
+
+
+def points_line(points):
+    """A run's points in a progress line."""
+    if not points:
+        return 'reward model trained'
+    return '; '.join((f"{p['value']:g}: " if len(points) > 1 else '') +
+                     f"{p['gain']:+.2f} ± {p['gain_se']:.2f} sd at {p['kl']:.2f} nats"
+                     + (f" (RM {_pct(p['rm_initial'])} → {_pct(p['rm_trained'])})" if p['rm_trained'] is not None else '')
+                     for p in points)
+
+
+def collect(out, arms=None):
+    """Every point of the finished runs under out, as rows (sorted by arm, seed, value)."""
+    from lm_human_preferences.frontier.sweep import ARMS, DONE, KNOBS
+    rows = []
+    for seed_dir in sorted(os.listdir(out)) if os.path.isdir(out) else []:
+        if not seed_dir.startswith('seed') or not os.path.isdir(os.path.join(out, seed_dir)):
+            continue
+        for run in sorted(os.listdir(os.path.join(out, seed_dir))):
+            path = os.path.join(out, seed_dir, run, DONE)
+            if not os.path.isfile(path):
+                continue
+            with open(path) as f:
+                done = json.load(f)
+            identity = done.get('identity', {})
+            if 'arm' not in identity or (arms is not None and identity['arm'] not in arms):
+                continue  # the seed's reward model, the initial model's export
+            for point in done['points']:
+                rows.append(dict(arm=identity['arm'], seed=identity['seed'], knob=KNOBS[identity['arm']], **point,
+                                 command=done['command']))
+    order = {arm: i for i, arm in enumerate(ARMS)}
+    return sorted(rows, key=lambda r: (order[r['arm']], r['seed'], r['kl']))
+
+
+def gain_at(rows, kl):
+    """The gain at `kl` nats by linear interpolation between the two points around it on one seed's frontier of one
+    arm (rows sorted by KL); None when kl lies outside the points' KLs (no extrapolation)."""
+    kls, gains = [r['kl'] for r in rows], [r['gain'] for r in rows]
+    if not kls or kl < min(kls) or kl > max(kls):
+        return None
+    order = np.argsort(kls)
+    return float(np.interp(kl, np.array(kls)[order], np.array(gains)[order]))
+
+
+def budget_table(rows, budget):
+    """{arm: {'seeds': {seed: gain or None}, 'mean': m, 'std': s, 'n': count}} of the gain at `budget` nats."""
+    result = {}
+    for arm in dict.fromkeys(r['arm'] for r in rows):
+        seeds = {}
+        for seed in sorted({r['seed'] for r in rows if r['arm'] == arm}):
+            seeds[seed] = gain_at([r for r in rows if r['arm'] == arm and r['seed'] == seed], budget)
+        values = [v for v in seeds.values() if v is not None]
+        result[arm] = dict(seeds=seeds, n=len(values), mean=float(np.mean(values)) if values else None,
+                           std=float(np.std(values, ddof=1)) if len(values) > 1 else None)
+    return result
+
+
+def markdown(rows, budget, *, command, figure=None):
+    lines = [f'Made by `{command}` from its runs\' results. Gain: VADER\'s score of the trained policy\'s samples less '
+             f'the initial policy\'s, in standard deviations of the initial policy\'s scores (± its standard error); KL: '
+             f'KL(π ‖ ρ) in nats a response, measured on the test queries\' samples as PPO\'s objective/kl (best-of-n: '
+             f'its bound log n − (n−1)/n); RM: the reward model\'s accuracy on best-of-4 questions of the initial '
+             f'policy\'s samples → of the trained policy\'s (the distributional shift).', '']
+    if figure:
+        lines += [f'![gain against KL]({figure})', '']
+    lines += [f'### Gain at {budget:g} nats, interpolated on each seed\'s frontier', '',
+              '| arm | ' + ' | '.join(f'seed {s}' for s in sorted({r["seed"] for r in rows})) + ' | mean ± sd |',
+              '|---|' + '---|' * (len({r['seed'] for r in rows}) + 1)]
+    for arm, entry in budget_table(rows, budget).items():
+        cells = ['–' if v is None else f'{v:+.2f}' for v in entry['seeds'].values()]
+        mean = ('out of its range' if entry['mean'] is None else f"{entry['mean']:+.2f}"
+                + (f" ± {entry['std']:.2f}" if entry['std'] is not None else '') + f" ({entry['n']} seeds)")
+        lines.append(f'| {LABELS[arm]} | ' + ' | '.join(cells) + f' | {mean} |')
+    lines += ['', '### Every point', '', '| arm | seed | knob | gain ± se | KL (nats) | PPO objective/kl | RM: initial → '
+              'trained samples | command |', '|---|---|---|---|---|---|---|---|']
+    for r in rows:
+        kl = f"{r['kl']:.2f} ± {r['kl_se']:.2f}" if r['kl_kind'] == 'measured' else f"≤ {r['kl']:.2f} (bound)"
+        objective = '–' if r['kl_objective'] is None else f"{r['kl_objective']:.2f}"
+        lines.append(f"| {r['arm']} | {r['seed']} | {r['knob']} {r['value']:g} | {r['gain']:+.2f} ± {r['gain_se']:.2f} "
+                     f"| {kl} | {objective} | {_pct(r['rm_initial'])} → {_pct(r['rm_trained'])} | `{r['command']}` |")
+    return '\n'.join(lines) + '\n'
+
+
+def plot(rows, path, *, budget, title):
+    """Gain against KL: each seed's points (marker by seed), each arm's mean curve over seeds (the points of the same
+    knob value averaged), the budget marked."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    markers = 'osD^vP*X'
+    seeds = sorted({r['seed'] for r in rows})
+    for arm in dict.fromkeys(r['arm'] for r in rows):
+        mine = [r for r in rows if r['arm'] == arm]
+        for i, seed in enumerate(seeds):
+            pts = [r for r in mine if r['seed'] == seed]
+            ax.errorbar([r['kl'] for r in pts], [r['gain'] for r in pts], yerr=[r['gain_se'] for r in pts],
+                        fmt=markers[i % len(markers)], color=COLOURS[arm], alpha=0.45, ms=5, capsize=2)
+        values = sorted({r['value'] for r in mine})
+        mean = [(np.mean([r['kl'] for r in mine if r['value'] == v]), np.mean([r['gain'] for r in mine if r['value'] == v]))
+                for v in values]
+        mean.sort()
+        ax.plot([m[0] for m in mean], [m[1] for m in mean], '-', color=COLOURS[arm], lw=2, label=LABELS[arm])
+    for i, seed in enumerate(seeds):
+        ax.plot([], [], markers[i % len(markers)], color='grey', label=f'seed {seed}')
+    ax.axvline(budget, color='grey', ls=':', lw=1)
+    ax.set_xlabel('KL(π ‖ ρ), nats a response')
+    ax.set_ylabel("VADER gain, sd of the initial policy's scores")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc='best')
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f'{path}.tmp-{os.getpid()}.png'
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def write(out, *, arms, budget, command, figure, doc):
+    """The table (frontier.jsonl, frontier.md under out), the figure and the doc's table from the finished runs;
+    returns the rows."""
+    rows = collect(out, arms)
+    if not rows:
+        print(f'frontier: no finished run in {out} yet: nothing to tabulate')
+        return rows
+    files.atomic_write(os.path.join(out, 'frontier.jsonl'), ''.join(json.dumps(r) + '\n' for r in rows).encode())
+    title = f'{command}: {len(rows)} points'
+    plot(rows, figure, budget=budget, title=title)
+    relative = os.path.relpath(figure, os.path.dirname(os.path.abspath(doc))) if doc else figure
+    text = markdown(rows, budget, command=command, figure=relative)
+    files.atomic_write(os.path.join(out, 'frontier.md'), text.encode())
+    if doc:
+        replace_section(doc, text)
+    for arm, entry in budget_table(rows, budget).items():
+        seeds = ', '.join('–' if v is None else f'{v:+.2f}' for v in entry['seeds'].values())
+        mean = 'out of range' if entry['mean'] is None else f"{entry['mean']:+.2f}" + (
+            f" ± {entry['std']:.2f}" if entry['std'] is not None else '')
+        print(f'frontier: {arm} at {budget:g} nats: {mean} (seeds: {seeds})')
+    print(f'frontier: {len(rows)} points in {os.path.join(out, "frontier.jsonl")} and {os.path.join(out, "frontier.md")}'
+          f'; the plot in {figure}' + (f'; the table in {doc}' if doc else ''))
+    return rows
+
+
+def replace_section(doc, text):
+    """doc with the text between its BEGIN and END markers replaced (both added at its end when it has none)."""
+    old = open(doc).read() if os.path.isfile(doc) else '# The reward–KL frontier\n'
+    if BEGIN in old and END in old:
+        head, rest = old.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1]
+    else:
+        head, tail = old.rstrip('\n') + '\n\n', '\n'
+    files.atomic_write(doc, (head + BEGIN + '\n' + text + END + tail).encode())

@@ -1,0 +1,204 @@
+"""The frontier command (lm_human_preferences/frontier/) at a toy size: the demo's pipeline with a model of width 8
+pretrained for 2 steps and a handful of labels. The DPO arm's round trip through TRL's DPOTrainer (export, train,
+import, report); the sweep's resume after a kill -9 (the killed run finished, not repeated; none run twice); the
+table regenerated from the results alone; the options' one-line errors. That the full sweep measures something is
+docs/frontier.md's business."""
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from lm_human_preferences import demo
+from lm_human_preferences.frontier import sweep, table
+from lm_human_preferences.utils.command_line import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location('top_launch', REPO_ROOT / 'launch.py')
+top_launch = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(top_launch)
+
+# The demo shrunk: the same phases in seconds (the fixture shrinks its model, held-out labels and eval queries).
+TOY = {'rewards.train_new_model.labels.num_train': '16',
+       'rewards.train_new_model.batch_size': '8',
+       'rewards.train_new_model.normalize_samples': '8',
+       'rewards.train_new_model.rollout_batch_size': '8',
+       'ppo.batch_size': '32',
+       'ppo.total_episodes': '64',
+       'run.save_interval': '1',
+       'run.log_interval': '100'}
+SHRINK = textwrap.dedent('''
+    import dataclasses
+    from lm_human_preferences import demo
+    exp = demo.EXPERIMENT
+    demo.EXPERIMENT = dataclasses.replace(
+        exp, held_out_labels=8, eval_queries=8,
+        pretrain=dataclasses.replace(exp.pretrain, n_layer=1, n_embd=8, n_head=2, steps=2, batch_size=2))
+''')
+
+
+@pytest.fixture
+def toy_demo(monkeypatch):
+    exp = demo.EXPERIMENT
+    monkeypatch.setattr(demo, 'EXPERIMENT', dataclasses.replace(
+        exp, held_out_labels=8, eval_queries=8,
+        pretrain=dataclasses.replace(exp.pretrain, n_layer=1, n_embd=8, n_head=2, steps=2, batch_size=2)))
+    return demo.EXPERIMENT
+
+
+def frontier(tmp_path, **options):
+    options = {'seeds': '1', 'out': str(tmp_path / 'out'), 'figure': str(tmp_path / 'frontier.png'),
+               'doc': str(tmp_path / 'frontier.md'), 'best_of_n_queries': 4, 'dpo_batch_size': 8, **TOY, **options}
+    top_launch.launch_commands.frontier_command(top_launch.launch_train_policy, top_launch.launch_train_reward,
+                                                top_launch.get_experiments)('demo', **options)
+
+
+@pytest.mark.slow  # TRL's import and DPOTrainer's set-up alone take seconds
+def test_dpo_round_trip_and_best_of_n(tmp_path, toy_demo, capsys):
+    pytest.importorskip('trl', reason="the frontier's dpo arm needs the baselines extra: pip install -e '.[baselines]'")
+    # a rate high enough that 6 steps move the toy model measurably
+    frontier(tmp_path, arms='best_of_n,dpo', points='best_of_n=2,4;dpo=0.1', dpo_learning_rate=0.03)
+    out = capsys.readouterr().out
+    seed_dir = tmp_path / 'out' / 'seed1'
+    # the seed's reward model, trained once for both arms, and the initial model exported for TRL
+    assert out.count('[frontier] seed 1: training its reward model') == 1
+    assert (seed_dir / 'reward' / 'reward_model').is_dir()
+    export = json.loads((seed_dir / 'initial_hf' / 'lmhp_export.json').read_text())
+    assert export['encoding'] == 'test'
+    # DPOTrainer trained on the seed's training labels alone (16 best-of-4 labels: 48 pairs, one pass of 8 a step),
+    # saved a Hugging Face folder that our import reads back (the `test` tokenizer) and that the report scored.
+    trained = json.loads((seed_dir / 'dpo-beta0.1' / 'policy_hf' / 'trained.json').read_text())
+    assert trained['pairs'] == 48 and trained['steps'] == 6 and trained['beta'] == 0.1
+    from safetensors.torch import load_file
+    before, after = (load_file(str(seed_dir / folder / 'model.safetensors')) for folder in ('initial_hf', 'dpo-beta0.1/policy_hf'))
+    assert set(before) <= set(after) and any(not bool((before[k] == after[k]).all()) for k in before)  # it trained
+    from lm_human_preferences.language import hf_import
+    assert hf_import.read_encoding(str(seed_dir / 'dpo-beta0.1' / 'policy_hf'),
+                                   hf_import.read_hparams(str(seed_dir / 'dpo-beta0.1' / 'policy_hf'))).name == 'test'
+    rows = [json.loads(line) for line in (tmp_path / 'out' / 'frontier.jsonl').read_text().splitlines()]
+    assert [(r['arm'], r['value']) for r in sorted(rows, key=lambda r: (r['arm'], r['value']))] == [
+        ('best_of_n', 2), ('best_of_n', 4), ('dpo', 0.1)]
+    dpo_row = next(r for r in rows if r['arm'] == 'dpo')
+    assert dpo_row['kl_kind'] == 'measured' and dpo_row['kl'] > 0 and dpo_row['gain_se'] > 0
+    assert 0 <= dpo_row['rm_initial'] <= 1 and 0 <= dpo_row['rm_trained'] <= 1
+    bound = [r['kl'] for r in rows if r['arm'] == 'best_of_n']
+    assert bound == pytest.approx([0.5 * 0 + (0.6931471805599453 - 0.5), 1.3862943611198906 - 0.75])
+    assert re.search(r'^\[frontier 1/2\] best_of_n seed 1: 2: [+-][\d.]+ ± [\d.]+ sd at 0\.19 nats; 4: ', out, re.M), out
+    assert re.search(r'^\[frontier 2/2\] dpo seed 1 beta 0\.1: [+-][\d.]+ ± [\d.]+ sd at [\d.]+ nats \(RM ', out, re.M)
+    assert (tmp_path / 'frontier.png').stat().st_size > 0 and table.BEGIN in (tmp_path / 'frontier.md').read_text()
+
+
+def test_table_only_regenerates_from_the_results(tmp_path, capsys):
+    """The table, plot and doc from frontier.json files alone (no model is loaded), the gain at the budget
+    interpolated per seed; the doc's own text outside the markers kept."""
+    out = tmp_path / 'out'
+    for seed, gains in ((1, (0.5, 1.5, 2.5)), (2, (1.0, 2.0, 3.0))):
+        for target, gain, kl in zip((2, 6, 10), gains, (2.0, 4.0, 8.0)):
+            run = out / f'seed{seed}' / f'ppo-target{target}'
+            run.mkdir(parents=True)
+            point = dict(value=target, gain=gain, gain_se=0.05, kl=kl, kl_se=0.1, kl_kind='measured',
+                         kl_objective=kl, rm_initial=0.6, rm_trained=0.5)
+            (run / sweep.DONE).write_text(json.dumps(dict(identity=dict(arm='ppo', seed=seed), command='cmd',
+                                                          points=[point])))
+    doc = tmp_path / 'frontier.md'
+    doc.write_text(f'# Title\n\nwords\n{table.BEGIN}\nold\n{table.END}\nafter\n')
+    frontier(tmp_path, arms='ppo', seeds='1,2', table_only=True)
+    text = doc.read_text()
+    assert text.startswith('# Title\n\nwords\n') and text.endswith(f'{table.END}\nafter\n') and 'old' not in text
+    # seed 1: 6 nats lies between (4, 1.5) and (8, 2.5): 2.0; seed 2: 2.5; mean 2.25, sd 0.35
+    assert '| offline PPO (KL target) | +2.00 | +2.50 | +2.25 ± 0.35 (2 seeds) |' in text
+    assert 'frontier: ppo at 6 nats: +2.25 ± 0.35 (seeds: +2.00, +2.50)' in capsys.readouterr().out
+    assert len((out / 'frontier.jsonl').read_text().splitlines()) == 6 and (tmp_path / 'frontier.png').is_file()
+
+
+def test_gain_at_does_not_extrapolate():
+    rows = [dict(kl=2.0, gain=1.0), dict(kl=4.0, gain=2.0)]
+    assert table.gain_at(rows, 3.0) == pytest.approx(1.5)
+    assert table.gain_at(rows, 6.0) is None
+
+
+@pytest.mark.parametrize('options, message', [
+    (dict(arms='ppo,sft'), '--arms ppo,sft: sft is not an arm (choose from: ppo, online, best_of_n, dpo)'),
+    (dict(seeds='1,x'), '--seeds 1,x: a comma-separated list of ints'),
+    (dict(arms='ppo', points='dpo=0.1'), '--points dpo=0.1: dpo is not in --arms'),
+    (dict(arms='best_of_n', points='best_of_n=3,4'), '--points best_of_n=3,4: n must be positive powers of 2'),
+    (dict(arms='ppo', points='ppo'), '--points ppo: each part is ARM=V1,V2,... with ARM one of'),
+    (dict(arms='online', **{'rewards.train_new_model.labels.num_train': '24'}),
+     'the online arm trains on a quarter of labels.num_train (24) first'),
+])
+def test_bad_options_are_one_line_before_any_work(tmp_path, options, message):
+    with pytest.raises(ConfigError, match='^' + message.replace('(', r'\(').replace(')', r'\)').replace('.', r'\.')):
+        frontier(tmp_path, **options)
+    assert not (tmp_path / 'out').exists()
+
+
+@pytest.mark.slow  # two sweeps of three toy PPO runs in processes of their own
+def test_a_killed_sweep_resumes_the_killed_run_and_repeats_none(tmp_path):
+    """kill -9 the sweep while its second run trains; the rerun keeps the first run's results, resumes the second
+    from its saved state and runs the third: every run finished once."""
+    script = tmp_path / 'sweep.py'
+    args = ['demo', '--arms', 'ppo', '--seeds', '1', '--points', 'ppo=2,4,6', '--out', str(tmp_path / 'out'),
+            '--figure', str(tmp_path / 'f.png'), '--doc', str(tmp_path / 'f.md')]
+    for k, v in TOY.items():
+        args += [f'--{k}', v]
+    script.write_text(SHRINK + textwrap.dedent(f'''
+        import runpy, sys
+        sys.argv = ['launch.py', 'frontier'] + {args!r}
+        runpy.run_path({str(REPO_ROOT / 'launch.py')!r}, run_name='__main__')
+    '''))
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), LMHP_CPU_THREADS='1')
+    first = tmp_path / 'out' / 'seed1' / 'ppo-target2'
+    second = tmp_path / 'out' / 'seed1' / 'ppo-target4'
+    with open(tmp_path / 'first.log', 'w') as log:
+        proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        deadline = time.time() + 300
+        # Killed once the second run has saved a training state (its first PPO batch) and before it is finished.
+        while not list(second.glob('**/train_state/state-*.json')) and proc.poll() is None:
+            assert time.time() < deadline, (tmp_path / 'first.log').read_text()[-3000:]
+            time.sleep(0.05)
+        assert proc.poll() is None, (tmp_path / 'first.log').read_text()[-3000:]
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert (first / sweep.DONE).is_file() and not (second / sweep.DONE).exists(), (tmp_path / 'first.log').read_text()
+    first_done = (first / sweep.DONE).stat().st_mtime_ns
+    rerun = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    lines = [line for line in rerun.stdout.splitlines() if line.startswith('[frontier ')]
+    assert [line.split(':')[0] for line in lines] == [
+        '[frontier 1/3] ppo seed 1 target 2', '[frontier 2/3] ppo seed 1 target 4', '[frontier 3/3] ppo seed 1 target 6']
+    assert 'done earlier' in lines[0] and 'done earlier' not in lines[1] + lines[2]
+    assert (first / sweep.DONE).stat().st_mtime_ns == first_done  # not run again
+    assert 'resum' in rerun.stdout.lower()  # the killed run went on from its saved state
+    # Every run's stats end as an uninterrupted run's: each of its 2 PPO batches once.
+    for run in ('ppo-target2', 'ppo-target4', 'ppo-target6'):
+        steps = [json.loads(line)['step'] for line in
+                 (tmp_path / 'out' / 'seed1' / run / 'train_policy_stats.jsonl').read_text().splitlines()]
+        assert len(steps) == 2 and len(set(steps)) == 2, (run, steps)
+    again = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=300)
+    assert again.stdout.count('done earlier') == 3, again.stdout[-2000:]
+
+
+def test_dpo_pairs_are_the_labels_as_export_labels_pairs_them():
+    """A best-of-4 record is three pairs, its best against each other response (labeling/export.py's label_pairs),
+    as texts with the task's query prefix and suffix; the padding token decodes to ''."""
+    from lm_human_preferences.frontier import dpo
+    from lm_human_preferences.language import encodings
+    from lm_human_preferences.lm_tasks import TaskHParams
+    encoder = encodings.Test.get_encoder()
+    task = TaskHParams(query_prefix='q:', query_suffix='>')
+    record = dict(query=encoder.encode('ab'), best=2, **{f'sample{i}': encoder.encode(text) for i, text in
+                                                          enumerate(('x', 'y', 'e.e', 'z'))})
+    record['sample3'] = record['sample3'] + [encoder.padding_token]
+    rows = dpo.preference_rows([record], task, 'test', 'best_of_4')
+    assert rows == dict(prompt=['q:ab>'] * 3, chosen=['e.e'] * 3, rejected=['x', 'y', 'z'])

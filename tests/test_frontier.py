@@ -101,10 +101,10 @@ def test_table_only_regenerates_from_the_results(tmp_path, capsys):
     interpolated per seed; the doc's own text outside the markers kept."""
     out = tmp_path / 'out'
     for seed, gains in ((1, (0.5, 1.5, 2.5)), (2, (1.0, 2.0, 3.0))):
-        for target, gain, kl in zip((2, 6, 10), gains, (2.0, 4.0, 8.0)):
-            run = out / f'seed{seed}' / f'ppo-target{target}'
+        for kl_coef, gain, kl in zip((0.3, 0.2, 0.1), gains, (2.0, 4.0, 8.0)):
+            run = out / f'seed{seed}' / f'ppo-kl_coef{kl_coef}'
             run.mkdir(parents=True)
-            point = dict(value=target, gain=gain, gain_se=0.05, kl=kl, kl_se=0.1, kl_kind='measured',
+            point = dict(value=kl_coef, gain=gain, gain_se=0.05, kl=kl, kl_se=0.1, kl_kind='measured',
                          kl_objective=kl, rm_initial=0.6, rm_trained=0.5)
             (run / sweep.DONE).write_text(json.dumps(dict(identity=dict(arm='ppo', seed=seed), command='cmd',
                                                           points=[point])))
@@ -114,7 +114,7 @@ def test_table_only_regenerates_from_the_results(tmp_path, capsys):
     text = doc.read_text()
     assert text.startswith('# Title\n\nwords\n') and text.endswith(f'{table.END}\nafter\n') and 'old' not in text
     # seed 1: 6 nats lies between (4, 1.5) and (8, 2.5): 2.0; seed 2: 2.5; mean 2.25, sd 0.35
-    assert '| offline PPO (KL target) | +2.00 | +2.50 | +2.25 ± 0.35 (2 seeds) |' in text
+    assert '| offline PPO (kl_coef) | +2.00 | +2.50 | +2.25 ± 0.35 (2 seeds) |' in text
     assert 'frontier: ppo at 6 nats: +2.25 ± 0.35 (seeds: +2.00, +2.50)' in capsys.readouterr().out
     assert len((out / 'frontier.jsonl').read_text().splitlines()) == 6 and (tmp_path / 'frontier.png').is_file()
 
@@ -145,7 +145,7 @@ def test_a_killed_sweep_resumes_the_killed_run_and_repeats_none(tmp_path):
     """kill -9 the sweep while its second run trains; the rerun keeps the first run's results, resumes the second
     from its saved state and runs the third: every run finished once."""
     script = tmp_path / 'sweep.py'
-    args = ['demo', '--arms', 'ppo', '--seeds', '1', '--points', 'ppo=2,4,6', '--out', str(tmp_path / 'out'),
+    args = ['demo', '--arms', 'ppo', '--seeds', '1', '--points', 'ppo=0.2,0.1,0.05', '--out', str(tmp_path / 'out'),
             '--figure', str(tmp_path / 'f.png'), '--doc', str(tmp_path / 'f.md')]
     for k, v in TOY.items():
         args += [f'--{k}', v]
@@ -155,8 +155,8 @@ def test_a_killed_sweep_resumes_the_killed_run_and_repeats_none(tmp_path):
         runpy.run_path({str(REPO_ROOT / 'launch.py')!r}, run_name='__main__')
     '''))
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), LMHP_CPU_THREADS='1')
-    first = tmp_path / 'out' / 'seed1' / 'ppo-target2'
-    second = tmp_path / 'out' / 'seed1' / 'ppo-target4'
+    first = tmp_path / 'out' / 'seed1' / 'ppo-kl_coef0.2'
+    second = tmp_path / 'out' / 'seed1' / 'ppo-kl_coef0.1'
     with open(tmp_path / 'first.log', 'w') as log:
         proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -175,12 +175,12 @@ def test_a_killed_sweep_resumes_the_killed_run_and_repeats_none(tmp_path):
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     lines = [line for line in rerun.stdout.splitlines() if line.startswith('[frontier ')]
     assert [line.split(':')[0] for line in lines] == [
-        '[frontier 1/3] ppo seed 1 target 2', '[frontier 2/3] ppo seed 1 target 4', '[frontier 3/3] ppo seed 1 target 6']
+        '[frontier 1/3] ppo seed 1 kl_coef 0.2', '[frontier 2/3] ppo seed 1 kl_coef 0.1', '[frontier 3/3] ppo seed 1 kl_coef 0.05']
     assert 'done earlier' in lines[0] and 'done earlier' not in lines[1] + lines[2]
     assert (first / sweep.DONE).stat().st_mtime_ns == first_done  # not run again
     assert 'resum' in rerun.stdout.lower()  # the killed run went on from its saved state
     # Every run's stats end as an uninterrupted run's: each of its 2 PPO batches once.
-    for run in ('ppo-target2', 'ppo-target4', 'ppo-target6'):
+    for run in ('ppo-kl_coef0.2', 'ppo-kl_coef0.1', 'ppo-kl_coef0.05'):
         steps = [json.loads(line)['step'] for line in
                  (tmp_path / 'out' / 'seed1' / run / 'train_policy_stats.jsonl').read_text().splitlines()]
         assert len(steps) == 2 and len(set(steps)) == 2, (run, steps)

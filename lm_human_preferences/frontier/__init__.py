@@ -4,9 +4,9 @@ scored by the labeler (VADER's gain in standard deviations of the initial policy
 the initial policy.
 
 The arms, each on a seed's initial model, labels and labels budget (the experiment's labels.num_train):
-    ppo        offline PPO: the seed's reward model, trained once (seed<S>/reward), the KL controller's target the knob
+    ppo        offline PPO: the seed's reward model, trained once (seed<S>/reward), a fixed kl_coef the knob
     online     the paper's online loop (--online.retrains 3): a quarter of the labels first, the rest over 3 rounds
-               asked of the labeler about the policy's samples; its own reward model; the KL target the knob
+               asked of the labeler about the policy's samples; its own reward model; a fixed kl_coef the knob
     best_of_n  the best of n samples of the initial policy by the seed's reward model; KL: the bound log n - (n-1)/n
     dpo        TRL's DPOTrainer on the seed's labels (a best-of-4 label: 3 pairs), from the initial model exported
                as a Hugging Face folder, imported back and scored as PPO's policies are; beta the knob

@@ -2,9 +2,9 @@
 
     <out>/seed<S>/reward/            the seed's reward model: `launch.py train_reward EXP reward --run.seed S`
                                      (the seed's cached initial model and labels: offline/experiment.py)
-    <out>/seed<S>/ppo-target<T>/     `launch.py train_policy EXP ... --rewards.trained_model <that reward model>
-                                     --rewards.train_new_model off --rewards.adaptive_kl.target T`
-    <out>/seed<S>/online-target<T>/  `launch.py train_policy EXP ... --online.retrains 3` on the same labels budget
+    <out>/seed<S>/ppo-kl_coef<C>/    `launch.py train_policy EXP ... --rewards.trained_model <that reward model>
+                                     --rewards.train_new_model off --rewards.adaptive_kl off --rewards.kl_coef C`
+    <out>/seed<S>/online-kl_coef<C>/ `launch.py train_policy EXP ... --online.retrains 3` on the same labels budget
     <out>/seed<S>/best_of_n/         every n at once (the first n samples of the largest n)
     <out>/seed<S>/initial_hf/        the seed's initial model as a Hugging Face folder, for DPO
     <out>/seed<S>/dpo-beta<B>/       TRL's DPOTrainer (trl/: its checkpoints; policy_hf/: the trained model)
@@ -25,11 +25,13 @@ from lm_human_preferences.utils import files
 from lm_human_preferences.utils.command_line import ConfigError
 
 ARMS = ('ppo', 'online', 'best_of_n', 'dpo')
-KNOBS = dict(ppo='target', online='target', best_of_n='n', dpo='beta')
-# Chosen to span about 2 to 10 nats: the KL controller's targets for PPO (four for online PPO, ~10 minutes a run);
+KNOBS = dict(ppo='kl_coef', online='kl_coef', best_of_n='n', dpo='beta')
+# Chosen to span about 2 to 10 nats: for PPO a fixed kl_coef (in 44 batches the adaptive controller moves kl_coef too
+# little, or too late, for its target to set the KL: docs/sentiment_mini.md), around the miniature's 0.21, which
+# landed at 6 nats offline and at 10-16 online (docs/labeling.md): four for online PPO, ~10 minutes a run;
 # for best-of-n up to 2,048 samples, whose bound is 6.63 nats (10 nats would take 60,000 samples a query); for DPO
 # (the costliest arm, most of an hour a run), three betas (DPO's KL grows as beta falls).
-DEFAULT_POINTS = dict(ppo=(2, 4, 6, 8, 10), online=(2, 4, 6, 10), best_of_n=(4, 16, 64, 256, 1024, 2048),
+DEFAULT_POINTS = dict(ppo=(0.3, 0.25, 0.21, 0.17, 0.13), online=(0.4, 0.3, 0.21, 0.15), best_of_n=(4, 16, 64, 256, 1024, 2048),
                       dpo=(0.1, 0.03, 0.01))
 ONLINE_RETRAINS = 3
 DONE = 'frontier.json'
@@ -174,18 +176,19 @@ class Sweep:
         return {**self.extra, 'run.seed': str(seed), **{k: str(v) for k, v in more.items()}}
 
     # ---- the arms
-    def run_ppo(self, seed, target, run_dir):
+    def run_ppo(self, seed, kl_coef, run_dir):
         hparams = {k: v for k, v in self.policy_hparams(seed).items() if not k.startswith(REWARD_PREFIX)}
         hparams.update({'rewards.trained_model': os.path.join(self.reward_dir(seed), 'reward_model'),
-                        'rewards.train_new_model': 'off', 'rewards.adaptive_kl.target': str(target)})
+                        'rewards.train_new_model': 'off', 'rewards.adaptive_kl': 'off',
+                        'rewards.kl_coef': str(kl_coef)})
         return self.trained_policy_point(seed, run_dir, hparams)
 
-    def run_online(self, seed, target, run_dir):
+    def run_online(self, seed, kl_coef, run_dir):
         # The same labels budget as offline: a quarter first, the rest over the rounds (docs/labeling.md).
         hparams = self.policy_hparams(seed, **{'online.retrains': ONLINE_RETRAINS,
                                                'online.num_labels': self.num_train - self.num_train // 4,
                                                REWARD_PREFIX + 'labels.num_train': self.num_train // 4,
-                                               'rewards.adaptive_kl.target': target})
+                                               'rewards.adaptive_kl': 'off', 'rewards.kl_coef': kl_coef})
         return self.trained_policy_point(seed, run_dir, hparams)
 
     def trained_policy_point(self, seed, run_dir, hparams):
@@ -200,7 +203,7 @@ class Sweep:
         with offline_engine.cpu_threads(self.exp):
             point = evaluate.policy_point(self.exp, run_hparams, os.path.join(run_dir, 'policy'), run_dir, seed=seed,
                                           report=report)
-        value = float(hparams['rewards.adaptive_kl.target'])
+        value = float(hparams['rewards.kl_coef'])
         return launch_line('train_policy', self.exp_name, name, self.seed_dir(seed), hparams), [dict(value=value, **point)]
 
     def seed_hparams(self, seed):

@@ -18,7 +18,7 @@ from lm_human_preferences.utils import files
 
 BEGIN, END = '<!-- frontier table: begin (written by `launch.py frontier`) -->', '<!-- frontier table: end -->'
 COLOURS = dict(ppo='C0', online='C1', best_of_n='C2', dpo='C3')
-LABELS = dict(ppo='offline PPO (KL target)', online='online PPO, 3 retrains (KL target)',
+LABELS = dict(ppo='offline PPO (kl_coef)', online='online PPO, 3 retrains (kl_coef)',
               best_of_n='best-of-n by the reward model (n; KL: the bound)', dpo='DPO, TRL (beta)')
 
 

@@ -221,8 +221,9 @@ def test_train_policy_test_exact_for_any_number_of_processes(tmp_path):
         assert bits_differ(one, other) == [], procs
         assert_same(one, other, exact=True)
         assert_same(outcome(runs[1], 'policy'), outcome(runs[procs], 'policy'), exact=True)
-    # What the reward model's steps on rounding amount to: with twice its learning rate it ends 10 TOL away.
-    faster = run('train_policy', 'test', tmp_path, 'faster', **args, **{'rewards.train_new_model.lr': 1e-4})
+    # What the reward model's steps on rounding amount to: with 20 times its learning rate it ends 10 TOL away (with
+    # twice it, 4.8 TOL on a Zen 4 and more on a Sapphire Rapids: the rounding that drives it is the CPU's).
+    faster = run('train_policy', 'test', tmp_path, 'faster', **args, **{'rewards.train_new_model.lr': 1e-3})
     assert model_change(one, outcome(faster, "reward_model")) > 10 * TOL
 
 

@@ -312,7 +312,7 @@ def test_full_disk_keeps_earlier_states(results):
     policy_dir = results['full_disk_during_save']['root'] / NAME / 'policy'
     # State 1 whole, no trace of state 2 (no temporary file).
     assert sorted(os.listdir(policy_dir / 'train_state')) == ['state-1.json', 'state-1.safetensors']
-    assert state_files._choose_train_state(str(policy_dir))[0] == 1  # its checksums verify
+    assert state_files.choose_train_state(str(policy_dir))[0] == 1  # its checksums verify
 
 
 @contextlib.contextmanager

@@ -53,7 +53,7 @@ def _canonical(obj):
     return json.dumps(obj, sort_keys=True, separators=(',', ':')).encode()
 
 
-def _paths(state_dir, step):
+def state_paths(state_dir, step):
     base = os.path.join(state_dir, f'state-{int(step)}')
     return base + '.safetensors', base + '.json'
 
@@ -73,7 +73,7 @@ def _one_line(e: OSError):
     return f'[Errno {e.errno}] {e.strerror}' if e.errno is not None else str(e)
 
 
-def _save_model(save_model, save_dir):
+def save_model_checkpoint(save_model, save_dir):
     try:
         return save_model()
     except OSError as e:
@@ -83,10 +83,10 @@ def _save_model(save_model, save_dir):
         raise err from e
 
 
-def _write_train_state(save_dir, step, tensors, sidecar, *, keep):
+def write_state_files(save_dir, step, tensors, sidecar, *, keep):
     from safetensors.torch import save
     state_dir = os.path.join(save_dir, TRAIN_STATE_SUBDIR)
-    tensors_path, sidecar_path = _paths(state_dir, step)
+    tensors_path, sidecar_path = state_paths(state_dir, step)
     path = tensors_path
     try:
         os.makedirs(state_dir, exist_ok=True)
@@ -118,7 +118,7 @@ def _write_train_state(save_dir, step, tensors, sidecar, *, keep):
 def _prune(state_dir, *, keep):
     steps = train_state_steps(os.path.dirname(state_dir))
     for step in steps[keep:]:
-        for path in reversed(_paths(state_dir, step)):  # the .json (commit marker) first
+        for path in reversed(state_paths(state_dir, step)):  # the .json (commit marker) first
             if os.path.exists(path):
                 os.remove(path)
     # Tensors whose .json never arrived (a crash between the two renames).
@@ -134,7 +134,7 @@ def _prune(state_dir, *, keep):
 
 def _verified_sidecar(state_dir, step):
     """The sidecar dict of step if both files verify; raises CheckpointError naming the problem otherwise."""
-    tensors_path, sidecar_path = _paths(state_dir, step)
+    tensors_path, sidecar_path = state_paths(state_dir, step)
     try:
         files.refuse_pickle(sidecar_path)
         with open(sidecar_path, 'rb') as f:
@@ -169,7 +169,7 @@ def referenced_checkpoint_steps(save_dir):
     steps = set()
     for step in train_state_steps(save_dir):
         try:
-            with open(_paths(os.path.join(save_dir, TRAIN_STATE_SUBDIR), step)[1]) as f:
+            with open(state_paths(os.path.join(save_dir, TRAIN_STATE_SUBDIR), step)[1]) as f:
                 refs = json.load(f).get('module_checkpoints', {}).values()
         except (OSError, ValueError):
             continue
@@ -177,7 +177,7 @@ def referenced_checkpoint_steps(save_dir):
     return steps
 
 
-def _choose_train_state(save_dir, at_most=None):
+def choose_train_state(save_dir, at_most=None):
     """(step, sidecar) of the newest verified state, warning about each newer one skipped; None if none.
     at_most: the newest verified state at or before it, if one is (else the newest verified)."""
     state_dir = os.path.join(save_dir, TRAIN_STATE_SUBDIR)

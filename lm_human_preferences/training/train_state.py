@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from lm_human_preferences.language import checkpoints
-from lm_human_preferences.training.state_files import (TRAIN_STATE_SUBDIR, CheckpointError, CheckpointWriteError,
-                                                       FORMAT, _choose_train_state, _paths, _save_model,
-                                                       _write_train_state)
+from lm_human_preferences.training.state_files import (FORMAT, TRAIN_STATE_SUBDIR, CheckpointError,
+                                                       CheckpointWriteError, choose_train_state, save_model_checkpoint,
+                                                       state_paths, write_state_files)
 from lm_human_preferences.utils import core, distributed, ranks
 
 
@@ -168,11 +168,11 @@ def save_train_state(save_dir, step, *, modules: Dict[str, torch.nn.Module], opt
         try:
             # The weights of a module that save_model wrote as a model checkpoint are read back from it
             # on resume instead of being stored a second time.
-            model_files = _save_model(save_model, save_dir) if save_model is not None else {}
+            model_files = save_model_checkpoint(save_model, save_dir) if save_model is not None else {}
             tensors, json_state = _tensor_state({k: m for k, m in modules.items() if k not in model_files},
                                                 optimizer, extra)
             json_state['module_checkpoints'] = {k: os.path.relpath(p, save_dir) for k, p in model_files.items()}
-            sidecar_path = _write_train_state(save_dir, step, tensors, dict(
+            sidecar_path = write_state_files(save_dir, step, tensors, dict(
                 json_state,
                 format=FORMAT,
                 step=int(step),
@@ -235,7 +235,7 @@ def load_latest_train_state(save_dir, *, modules: Dict[str, torch.nn.Module], op
     chosen = None
     if ranks.is_root() and save_dir:
         try:
-            chosen = _choose_train_state(save_dir, at_most)
+            chosen = choose_train_state(save_dir, at_most)
         except CheckpointError as e:
             chosen = e  # raised on every rank below, so that none waits for the others
     chosen = core.mpi_bcast(chosen)
@@ -244,7 +244,7 @@ def load_latest_train_state(save_dir, *, modules: Dict[str, torch.nn.Module], op
     if chosen is None:
         return None
     step, sidecar = chosen
-    tensors_path, source = _paths(os.path.join(save_dir, TRAIN_STATE_SUBDIR), step)
+    tensors_path, source = state_paths(os.path.join(save_dir, TRAIN_STATE_SUBDIR), step)
     tensors = _read_state(sidecar, tensors_path, source, modules)
 
     for name, module in modules.items():

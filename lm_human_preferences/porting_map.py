@@ -64,7 +64,11 @@ OTHER_MODULES = [
     ('—', '`lm_human_preferences/training/run_folders.py`, `stats_log.py`, `progress.py`',
      "new: the save dir's lock and the run folder a path is in; the stats sinks (table, TensorBoard, JSONL, "
      "wandb) and their rewind rule; the progress lines"),
-    ('—', '`lm_human_preferences/training/train_state.py`', 'new: resumable training states'),
+    ('—', '`lm_human_preferences/training/train_state.py`, `state_files.py`',
+     'new: resumable training states (what a state holds, saved and restored); their files (the format, atomic '
+     'writes, checksums, the newest valid state)'),
+    ('—', '`lm_human_preferences/training/run_compatibility.py`',
+     "new: whether a rerun is the same run as the save dir's (its hparams but those a rerun may change)"),
     ('—', '`lm_human_preferences/training/execution.py`',
      "new: the port's own `run.*` fields (`PortRunHParams`) and `Execution.prepare`: bf16, the CUDA graph and the "
      "microbatch size resolved once"),

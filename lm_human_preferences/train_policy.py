@@ -538,8 +538,11 @@ def resume(run, ppo_trainer, m):
 
 
 def train(hparams: HParams):
-    """Ours: rerun with the same hparams and save dir, it resumes from the last training states there."""
-    run_checks.check_reward_task(hparams)  # at launch already (validate); here for callers of train()
+    """Ours: rerun with the same hparams and save dir, it resumes from the last training states there. In order: the
+    checks, the save dir, the reward model, the execution, the models, the data, the trainer, the loop."""
+    # At launch already (validate, the rank checks); here for callers of train(), before any work.
+    run_checks.check_reward_task(hparams)
+    run_checks.check_policy_ranks(hparams, ranks.get_world_size())
     # The original swapped in a random 'test' reward model under pytest; we always load the one trained.
     chain_reward_model(hparams)
 
@@ -570,8 +573,7 @@ def train(hparams: HParams):
             hparams=hparams.task, encoder=encoder,
             batch_size=utils.exact_div(hparams.ppo.batch_size, ranks.get_world_size()),
         )
-
-        run_checks.check_policy_ranks(hparams, ranks.get_world_size())  # at launch already; for callers of train()
+        run.record_data('queries', query_sampler.fingerprint)  # ours: a rerun on other queries is refused
 
         ppo_trainer = PPOTrainer(
             policy=policy, ref_policy=ref_policy, query_sampler=query_sampler,
@@ -581,8 +583,7 @@ def train(hparams: HParams):
         # sync_models: every rank starts from rank 0's weights (for random 'test' models they differ).
         utils.sync_params(list(score_model.parameters()) + list(ref_policy.parameters()) + list(policy.parameters()))
 
-        # Ours: a rerun on other queries is refused; a rerun resumes from the save dir's last training state.
-        run.record_data('queries', query_sampler.fingerprint)
+        # Ours: a rerun resumes from the save dir's last training state.
         save = resume(run, ppo_trainer, m)
         # Ours: the paper's online loop (online/loop.py): the reward model retrained on new labels as PPO goes.
         online = online_loop.OnlineLoop(hparams, ppo_trainer=ppo_trainer, score_model=score_model, run=run, save=save,

@@ -345,7 +345,9 @@ class RewardModelTrainer():
 
 
 def train(hparams: HParams):
-    """Ours: returns RewardModelTrainer.train()'s results; rerun on the same save dir, it resumes there."""
+    """Ours: returns RewardModelTrainer.train()'s results; rerun on the same save dir, it resumes there. In order: the
+    checks, the save dir, the execution, the models, the data, the trainer, the loop (its train(): the labels)."""
+    run_checks.check_reward_ranks(hparams, ranks.get_world_size())  # at launch already; here for callers of train()
     # Ours: the save dir (locked; a dir holding another run is refused), its files and stats (training/run.py).
     with Run(hparams, 'train_reward', may_change=RERUN_MAY_CHANGE) as run:
         utils.set_mpi_seed(hparams.run.seed)

@@ -28,7 +28,7 @@ import torch
 
 from lm_human_preferences import rewards
 from lm_human_preferences.language import checkpoints, trained_models
-from lm_human_preferences.training import train_state
+from lm_human_preferences.training import state_files, train_state
 from lm_human_preferences.training.adam import AdamTF
 from conftest import NAME, TEST_TASK, finish, last_line, launch_cli, run_in_process, write_labels
 
@@ -300,7 +300,7 @@ def test_fails_with_one_line_and_keeps_checkpoints(results, name):
 def test_non_finite_loss_keeps_the_last_good_state(results):
     r = results['non_finite_loss']
     model_dir = r['root'] / NAME / 'reward_model'
-    assert train_state.train_state_steps(model_dir) == [1]  # after batch 0; batch 1 was never applied
+    assert state_files.train_state_steps(model_dir) == [1]  # after batch 0; batch 1 was never applied
     assert sorted(os.listdir(model_dir / 'train_state')) == ['state-1.json', 'state-1.safetensors']
     rm = rewards.RewardModelTrainer(trained_models.TrainedModel('test'))
     state = train_state.load_latest_train_state(str(model_dir), modules=dict(reward_model=rm),
@@ -312,7 +312,7 @@ def test_full_disk_keeps_earlier_states(results):
     policy_dir = results['full_disk_during_save']['root'] / NAME / 'policy'
     # State 1 whole, no trace of state 2 (no temporary file).
     assert sorted(os.listdir(policy_dir / 'train_state')) == ['state-1.json', 'state-1.safetensors']
-    assert train_state._choose_train_state(str(policy_dir))[0] == 1  # its checksums verify
+    assert state_files.choose_train_state(str(policy_dir))[0] == 1  # its checksums verify
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import load_file
 
 from lm_human_preferences.language import checkpoints, encodings, model
-from lm_human_preferences.training import train_state
+from lm_human_preferences.training import state_files
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
@@ -196,7 +196,7 @@ def test_train_policy_same_for_any_number_of_processes_and_resumes_under_another
         for path in [resumed / 'policy' / 'train_state' / f'state-{step}.{ext}' for ext in ('json', 'safetensors')] + \
                 [resumed / 'policy' / 'checkpoints' / f'model-{step}.safetensors']:
             path.unlink()
-    assert train_state.train_state_steps(resumed / 'policy') == [1]
+    assert state_files.train_state_steps(resumed / 'policy') == [1]
     run('train_policy', 'test', tmp_path, 'resumed', procs=1, **args)
     assert_same(policy[1], outcome(resumed, 'policy'))
 

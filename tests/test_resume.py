@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from conftest import (NAME, assert_killed, finish, kill_when_exists, launch_cli, policy_args, run_in_process,
                       tiny_task, write_corpus, write_labels)
 from conftest import REPO_ROOT, env  # noqa: F401  (test_online.py imports these from here)
-from lm_human_preferences.training import train_state
+from lm_human_preferences.training import state_files
 
 pytestmark = pytest.mark.slow  # end-to-end runs: the full suite only (the fast tier is -m "not slow")
 
@@ -82,7 +82,7 @@ def assert_same_tensorboard(tb_a, tb_b, n_steps):
 
 
 def newest_state(model_dir):
-    step = train_state.train_state_steps(model_dir)[0]
+    step = state_files.train_state_steps(model_dir)[0]
     return step, Path(model_dir) / 'train_state' / f'state-{step}'
 
 
@@ -94,7 +94,7 @@ def test_train_reward_resumes_after_sigkill(tmp_path):
     watcher = kill_when_exists(killed, reward_dir / 'train_state' / 'state-3.json')
     run_in_process('train_reward', tmp_path / 'whole', args)  # meanwhile: the uninterrupted run
     assert_killed(killed, watcher)
-    killed_at = train_state.train_state_steps(reward_dir)[0]
+    killed_at = state_files.train_state_steps(reward_dir)[0]
     assert killed_at < 40  # killed mid-training (40 batches)
     assert not (reward_dir / 'checkpoints').exists()
 
@@ -165,7 +165,7 @@ def test_a_torn_stats_log_ends_as_the_uninterrupted_runs(tmp_path):
     assert_killed(killed, watcher)
     stats = tmp_path / 'killed' / NAME / 'train_policy_stats.jsonl'
     rows = stats.read_bytes().splitlines(keepends=True)
-    newest = train_state.train_state_steps(policy_dir)[0]
+    newest = state_files.train_state_steps(policy_dir)[0]
     assert len(rows) >= newest >= 10
     stats.write_bytes(b''.join(rows)[:-(len(rows[-1]) + len(rows[-2]) // 2)])
     covered = len(rows) - 2  # the rows of steps 0 .. len(rows) - 3 are whole

@@ -15,7 +15,8 @@ import torch
 
 from lm_human_preferences import train_policy, train_reward
 from lm_human_preferences.language import checkpoints
-from lm_human_preferences.training import execution, plots, progress, run, run_folders, stats_log, train_state
+from lm_human_preferences.training import (execution, plots, progress, run, run_compatibility, run_folders, state_files,
+                                          stats_log, train_state)
 from lm_human_preferences.utils import finite, optional_deps, stopping
 from conftest import env, write_labels
 
@@ -237,7 +238,7 @@ def test_checkpoints_pruned_and_states_refer_to_them(tmp_path):
     train_policy.train(policy_hparams(save_dir, **{'run.save_interval': 1, 'run.keep_checkpoints': 2}))
     policy_dir = save_dir / 'policy'
     assert checkpoints.checkpoint_steps(policy_dir) == [6, 5, 4]  # 2 kept, and state 4's
-    assert train_state.train_state_steps(policy_dir) == [6, 5, 4]
+    assert state_files.train_state_steps(policy_dir) == [6, 5, 4]
     sidecar = json.loads((policy_dir / 'train_state' / 'state-6.json').read_text())
     assert sidecar['module_checkpoints'] == {'policy': 'checkpoints/model-6.safetensors'}
     from safetensors.torch import load_file
@@ -251,7 +252,7 @@ def test_checkpoints_pruned_and_states_refer_to_them(tmp_path):
     path.write_bytes(bytes(data))
     policy = train_policy.Policy(train_policy.trained_models.TrainedModel('test'))
     optimizer = train_policy.AdamTF(policy.parameters(), lr=1e-3)
-    with pytest.warns(train_state.TrainStateWarning, match='refers to a model checkpoint that fails: .*model-6'):
+    with pytest.warns(state_files.TrainStateWarning, match='refers to a model checkpoint that fails: .*model-6'):
         loaded = train_state.load_latest_train_state(str(policy_dir), modules=dict(policy=policy), optimizer=optimizer,
                                                        samplers=dict(query=train_state.CountingSampler(lambda: None)))
     assert loaded.step == 5
@@ -271,7 +272,7 @@ def test_non_finite_weights_are_never_saved(tmp_path, monkeypatch):
     with pytest.raises(finite.NonFiniteError, match='non-finite policy parameters at step 1'):
         train_policy.train(policy_hparams(save_dir, **{'run.save_interval': 1}))
     assert checkpoints.checkpoint_steps(save_dir / 'policy') == []
-    assert train_state.train_state_steps(save_dir / 'policy') == []
+    assert state_files.train_state_steps(save_dir / 'policy') == []
 
 
 @pytest.mark.slow
@@ -346,7 +347,7 @@ def test_a_stop_signal_saves_where_it_stopped_in_one_line(tmp_path, signum):
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signum, err[-3000:]
-    step = train_state.train_state_steps(state_dir.parent)[0]
+    step = state_files.train_state_steps(state_dir.parent)[0]
     assert len(stats.read_text().splitlines()) == step >= 3  # the rows of steps 0 .. step - 1
     name = signal.Signals(signum).name if signum != signal.SIGINT else 'Ctrl-C (SIGINT)'
     assert err.strip().splitlines() == [stopped_line('train_policy', name, state_dir, step)]
@@ -368,7 +369,7 @@ def test_sigterm_to_every_process_of_a_two_process_run(tmp_path):
         os.kill(pid, signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err[-3000:]
-    step = train_state.train_state_steps(state_dir.parent)[0]
+    step = state_files.train_state_steps(state_dir.parent)[0]
     assert len(stats.read_text().splitlines()) == step >= 3
     assert err.strip().splitlines() == [stopped_line('train_policy', 'SIGTERM', state_dir, step)]
     assert not [pid for pid in workers if os.path.exists(f'/proc/{pid}')]
@@ -380,7 +381,7 @@ def test_sigterm_to_every_process_of_a_two_process_run(tmp_path):
     assert proc.returncode == 128 + signal.SIGUSR1, err[-3000:]
     assert f'train_policy: resuming from {state_dir}/state-{step}.json (step {step})' in out
     assert err.strip().splitlines() == [
-        stopped_line('train_policy', 'SIGUSR1', state_dir, train_state.train_state_steps(state_dir.parent)[0])]
+        stopped_line('train_policy', 'SIGUSR1', state_dir, state_files.train_state_steps(state_dir.parent)[0])]
 
 
 def signal_during_step(monkeypatch, step, *signums):
@@ -403,13 +404,13 @@ def test_a_stop_waits_for_the_step_and_a_second_ctrl_c_does_not(tmp_path, monkey
     with stopping.stopping_on_signals(), pytest.raises(stopping.Stopped) as e:
         train_policy.train(policy_hparams(save_dir))
     assert e.value.signum == signal.SIGTERM and stopping.exit_code(e.value) == 143
-    assert train_state.train_state_steps(save_dir / 'policy') == [3]  # step 2 done, then saved
+    assert state_files.train_state_steps(save_dir / 'policy') == [3]  # step 2 done, then saved
     assert capsys.readouterr().err == stopped_line('train_policy', 'SIGTERM', state_dir, 3) + '\n'
 
     signal_during_step(monkeypatch, 4, signal.SIGINT, signal.SIGINT)  # Ctrl-C twice: at once
     with stopping.stopping_on_signals(), pytest.raises(stopping.Stopped):
         train_policy.train(policy_hparams(save_dir))
-    assert train_state.train_state_steps(save_dir / 'policy') == [3]
+    assert state_files.train_state_steps(save_dir / 'policy') == [3]
     assert capsys.readouterr().err == (f'\ntrain_policy stopped by Ctrl-C (SIGINT) during step 4 (not saved); '
                                        f'rerunning the same command resumes from step 3 ({state_dir}/state-3.json)\n')
     assert signal.getsignal(signal.SIGINT) is sigint_before  # the handlers are given back
@@ -550,7 +551,7 @@ def test_a_rerun_on_changed_labels_is_refused(tmp_path):
     records[3]['best'] = (records[3]['best'] + 1) % 4
     labels.write_text(json.dumps(records))
     before = sorted(p.name for p in save_dir.rglob('*'))
-    with pytest.raises(train_state.IncompatibleRunError,
+    with pytest.raises(run_compatibility.IncompatibleRunError,
                        match=rf'^{save_dir} holds a run on other labels: it recorded sha256 [0-9a-f]+, records 20, '
                              r'this run has sha256 [0-9a-f]+, records 20\. To resume it, give it its labels again'):
         train_reward.train(reward_hparams(save_dir, labels))

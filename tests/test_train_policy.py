@@ -13,7 +13,7 @@ from torch import nn
 from lm_human_preferences import lm_tasks, train_policy
 from lm_human_preferences.language import checkpoints, trained_models
 from lm_human_preferences.policy import Policy
-from lm_human_preferences.training import train_state
+from lm_human_preferences.training import state_files
 
 
 @pytest.fixture(autouse=True)
@@ -173,7 +173,7 @@ def test_a_damaged_reward_phase_is_redone_from_its_fallback_state(tmp_path, dama
     overrides = {'run.save_dir': str(save_dir), 'run.save_interval': 1, 'ppo.total_episodes': 16, **REWARD_TRAINING}
     train_policy_test(overrides)
     reward_dir, policy_dir = save_dir / 'reward_model', save_dir / 'policy'
-    assert train_state.train_state_steps(reward_dir) == [2, 1]
+    assert state_files.train_state_steps(reward_dir) == [2, 1]
     reward_model = checkpoints.load_checkpoint(str(reward_dir / 'checkpoints' / 'model-2.safetensors'))
     policy = checkpoints.load_checkpoint(str(policy_dir / 'checkpoints' / 'model-2.safetensors'))
     for path in [policy_dir / 'train_state' / 'state-2.json', policy_dir / 'train_state' / 'state-2.safetensors',
@@ -186,7 +186,7 @@ def test_a_damaged_reward_phase_is_redone_from_its_fallback_state(tmp_path, dama
     damaged.write_bytes(bytes(data))
     capsys.readouterr()
 
-    with pytest.warns(train_state.TrainStateWarning, match=rf'skipping training state 2 in {reward_dir}/train_state: '
+    with pytest.warns(state_files.TrainStateWarning, match=rf'skipping training state 2 in {reward_dir}/train_state: '
                                                              rf'.*{damaged.name}.*(checksum|corrupt)'):
         train_policy_test(overrides)
     out = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Tests for training/train_state.py: training-state round trip (modules, Adam, RNGs, sampler position),
+"""Tests for training/train_state.py, state_files.py and run_compatibility.py: training-state round trip (modules, Adam, RNGs, sampler position),
 keep-last-K, corruption fallback, full-disk saves, hparams compatibility, pickle refusal, non-finite
 checks, and the gather / per-rank restore of every rank's random streams (2 processes carrying 4 ranks)."""
 import errno
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from lm_human_preferences.training import run_compatibility, state_files
 from lm_human_preferences.training import train_state as ckpt
 from lm_human_preferences.training.adam import AdamTF
 from lm_human_preferences.utils import core, files, hyperparams, launch, ranks
@@ -118,7 +119,7 @@ def test_no_state_and_keep_last_k(tmp_path):
     assert ckpt.load_latest_train_state(tmp_path, modules=dict(net=net), optimizer=opt) is None
     for step in range(1, 6):
         ckpt.save_train_state(tmp_path, step, modules=dict(net=net), optimizer=opt, keep=3)
-    assert ckpt.train_state_steps(tmp_path) == [5, 4, 3]
+    assert state_files.train_state_steps(tmp_path) == [5, 4, 3]
     assert len(os.listdir(tmp_path / 'train_state')) == 6
     # Re-saving an existing step replaces it.
     ckpt.save_train_state(tmp_path, 5, modules=dict(net=net), optimizer=opt, extra=dict(x=1), keep=3)
@@ -159,7 +160,7 @@ def _edit_json_number(path):
 def test_corrupt_state_falls_back_with_a_warning(tmp_path, damage, which):
     net, opt = _save_three(tmp_path)
     damage(str(tmp_path / 'train_state' / f'state-3.{which}'))
-    with pytest.warns(ckpt.TrainStateWarning, match='skipping training state 3'):
+    with pytest.warns(state_files.TrainStateWarning, match='skipping training state 3'):
         state = ckpt.load_latest_train_state(tmp_path, modules=dict(net=net), optimizer=opt)
     assert state.step == 2 and net.gain.item() == 2
 
@@ -168,7 +169,7 @@ def test_all_states_corrupt_is_an_error(tmp_path):
     net, opt = _save_three(tmp_path)
     for step in (1, 2, 3):
         _flip_last_byte(str(tmp_path / 'train_state' / f'state-{step}.safetensors'))
-    with pytest.warns(ckpt.TrainStateWarning), pytest.raises(ckpt.CheckpointError, match='no valid training state'):
+    with pytest.warns(state_files.TrainStateWarning), pytest.raises(state_files.CheckpointError, match='no valid training state'):
         ckpt.load_latest_train_state(tmp_path, modules=dict(net=net), optimizer=opt)
 
 
@@ -212,7 +213,7 @@ def test_full_disk_keeps_earlier_states(tmp_path, monkeypatch, fail_in):
         net.gain.fill_(4)
     # The JSON sidecar starts with '{'; the safetensors file with its 8-byte header length.
     monkeypatch.setattr(os, 'write', _full_disk_after(100, b'{' if fail_in == 'json' else b''))
-    with pytest.raises(ckpt.CheckpointWriteError) as e:
+    with pytest.raises(state_files.CheckpointWriteError) as e:
         ckpt.save_train_state(tmp_path, 4, modules=dict(net=net), optimizer=opt)
     monkeypatch.undo()
     msg = str(e.value)
@@ -275,7 +276,7 @@ def test_pickle_bearing_state_is_refused(tmp_path, kind):
     _save_three(tmp_path)
     _commit_fake_state(tmp_path, 7, buf.getvalue())
     net, opt = make()
-    with pytest.warns(ckpt.TrainStateWarning, match='refusing to load .*state-7.safetensors: it is a pickle'):
+    with pytest.warns(state_files.TrainStateWarning, match='refusing to load .*state-7.safetensors: it is a pickle'):
         state = ckpt.load_latest_train_state(tmp_path, modules=dict(net=net), optimizer=opt)
     assert state.step == 3 and not UNPICKLED
     with pytest.raises(ValueError, match='it is a pickle'):
@@ -287,11 +288,11 @@ def test_mismatched_run_is_refused_on_load(tmp_path):
     bigger = torch.nn.Module()
     bigger.lin, bigger.head = torch.nn.Linear(4, 5), torch.nn.Linear(5, 1)
     bigger.register_buffer('gain', torch.ones(()))
-    with pytest.raises(ckpt.CheckpointError, match=r"'lin.weight' has shape \[3, 4\], this run expects \[5, 4\]"):
+    with pytest.raises(state_files.CheckpointError, match=r"'lin.weight' has shape \[3, 4\], this run expects \[5, 4\]"):
         ckpt.load_latest_train_state(tmp_path, modules=dict(net=bigger), optimizer=AdamTF(bigger.parameters(), lr=1))
-    with pytest.raises(ckpt.CheckpointError, match=r"holds modules \['net'\], this run saves \['policy'\]"):
+    with pytest.raises(state_files.CheckpointError, match=r"holds modules \['net'\], this run saves \['policy'\]"):
         ckpt.load_latest_train_state(tmp_path, modules=dict(policy=net), optimizer=opt)
-    with pytest.raises(ckpt.CheckpointError, match='has positions of samplers'):
+    with pytest.raises(state_files.CheckpointError, match='has positions of samplers'):
         ckpt.load_latest_train_state(tmp_path, modules=dict(net=net), optimizer=opt,
                                      samplers=dict(query=counter_sampler()))
 
@@ -313,9 +314,9 @@ def test_check_resume_compatible(tmp_path):
     old = Toy()
     old.override_from_dict({'run.save_dir': str(tmp_path), 'run.seed': 1,
                             'trained_model': os.path.join(str(tmp_path), 'reward_model')})
-    assert ckpt.check_resume_compatible(str(tmp_path), old.to_nested_dict(), 'toy_hparams.json') is False
+    assert run_compatibility.check_resume_compatible(str(tmp_path), old.to_nested_dict(), 'toy_hparams.json') is False
     hyperparams.save_json(old, str(tmp_path / 'toy_hparams.json'))
-    assert ckpt.check_resume_compatible(str(tmp_path), old.to_nested_dict(), 'toy_hparams.json') is True
+    assert run_compatibility.check_resume_compatible(str(tmp_path), old.to_nested_dict(), 'toy_hparams.json') is True
 
     # The same run from a moved save dir: save_dir and paths inside it do not count.
     moved = tmp_path.parent / (tmp_path.name + '-moved')
@@ -323,13 +324,13 @@ def test_check_resume_compatible(tmp_path):
     same = Toy()
     same.override_from_dict({'run.save_dir': str(moved), 'run.seed': 1,
                              'trained_model': os.path.join(str(moved), 'reward_model')})
-    assert ckpt.check_resume_compatible(str(moved), same.to_nested_dict(), 'toy_hparams.json') is True
+    assert run_compatibility.check_resume_compatible(str(moved), same.to_nested_dict(), 'toy_hparams.json') is True
 
     other = Toy()
     other.override_from_dict({'run.save_dir': str(moved), 'run.seed': 1, 'lr': 2e-5,
                               'trained_model': os.path.join(str(moved), 'reward_model')})
-    with pytest.raises(ckpt.IncompatibleRunError) as e:
-        ckpt.check_resume_compatible(str(moved), other.to_nested_dict(), 'toy_hparams.json')
+    with pytest.raises(run_compatibility.IncompatibleRunError) as e:
+        run_compatibility.check_resume_compatible(str(moved), other.to_nested_dict(), 'toy_hparams.json')
     msg = str(e.value)
     assert '\n' not in msg
     assert 'lr=1e-05' in msg and 'lr=2e-05' in msg and 'same hyperparameters' in msg and '--save_dir' in msg
@@ -351,7 +352,7 @@ def _two_process_worker(save_dir, out_dir):
         os.write = _full_disk_after(0)  # rank 0's disk is full (this worker process only)
     try:
         ckpt.save_train_state(save_dir, 2, modules=dict(net=net), optimizer=opt)
-    except ckpt.CheckpointWriteError as e:
+    except state_files.CheckpointWriteError as e:
         result['error'] = str(e)
     with open(os.path.join(out_dir, f'process{ranks.process_index()}.json'), 'w') as f:
         json.dump(result, f)
@@ -370,7 +371,7 @@ def test_two_processes(tmp_path, monkeypatch):
     assert sidecar['world_size'] == 4 and len(sidecar['rng']['ranks']) == 4
     # Process 0's full disk: both processes raise (process 1 does not go on alone into the next collective).
     assert p0['error'] == p1['error'] and 'No space left on device' in p0['error'] and 'state-2' in p0['error']
-    assert ckpt.train_state_steps(tmp_path / 'save') == [1]
+    assert state_files.train_state_steps(tmp_path / 'save') == [1]
 
 
 @pytest.mark.parametrize('fail_in', ['safetensors', 'json'])
@@ -381,7 +382,7 @@ def test_full_disk_on_a_resave_keeps_the_committed_state(tmp_path, monkeypatch, 
     with torch.no_grad():
         net.gain.fill_(4)  # other tensors than the committed state 3's
     monkeypatch.setattr(os, 'write', _full_disk_after(100, b'{' if fail_in == 'json' else b''))
-    with pytest.raises(ckpt.CheckpointWriteError, match='No space left on device'):
+    with pytest.raises(state_files.CheckpointWriteError, match='No space left on device'):
         ckpt.save_train_state(tmp_path, 3, modules=dict(net=net), optimizer=opt)
     monkeypatch.undo()
     after = {p: open(tmp_path / 'train_state' / p, 'rb').read() for p in os.listdir(tmp_path / 'train_state')}

@@ -32,7 +32,7 @@ import torch
 
 from lm_human_preferences.language import checkpoints
 from lm_human_preferences.utils import core, cpu, files, finite, hyperparams, ranks, stopping
-from lm_human_preferences.training import plots, progress, train_state
+from lm_human_preferences.training import plots, progress, run_compatibility, state_files, train_state
 from lm_human_preferences.training.run_folders import SCOPES, SaveDirInUseError, locked_save_dir, remove_temporaries
 from lm_human_preferences.training.stats_log import StatsLog, wandb_run
 
@@ -72,7 +72,7 @@ class Run:
                 # A rerun must match the hparams of the run in the save dir (refused, it writes nothing).
                 # A save dir where nothing was trained yet (a run that stopped at a bad input, say) holds
                 # no run: the corrected rerun replaces its hparams.
-                existing = self.trained_anything() and train_state.check_resume_compatible(
+                existing = self.trained_anything() and run_compatibility.check_resume_compatible(
                     self.save_dir, hparams.to_nested_dict(), f'{kind}_hparams.json', ignore=may_change)
                 self._created += [d for d in (self.save_dir, self.model_dir) if not os.path.exists(d)]
                 os.makedirs(self.model_dir, exist_ok=True)
@@ -96,7 +96,7 @@ class Run:
 
     def trained_anything(self):
         """Whether the run saved a training state or a model checkpoint (its model dir has one)."""
-        return bool(train_state.train_state_steps(self.model_dir) or checkpoints.checkpoint_steps(self.model_dir))
+        return bool(state_files.train_state_steps(self.model_dir) or checkpoints.checkpoint_steps(self.model_dir))
 
     def __exit__(self, exc_type, exc, tb):
         """Close the stats sinks and release the save dir; a stop signal outside the training loop is one
@@ -171,7 +171,7 @@ class Run:
                     files.atomic_write(path, json.dumps(updated, indent=1).encode())
         error = core.mpi_bcast(error)
         if error is not None:
-            raise train_state.IncompatibleRunError(error)
+            raise run_compatibility.IncompatibleRunError(error)
 
     def resume(self, *, modules: Dict[str, torch.nn.Module], optimizer, samplers=None, model=None):
         """Restore the newest valid training state of the save dir, if any (see training/train_state.py),
@@ -193,7 +193,7 @@ class Run:
         if self.save_dir:
             self.stats.rewind(None if done else state.step if state else 0)  # a finished run redoes nothing
         if state and ranks.is_root():
-            newest = train_state.train_state_steps(self.model_dir)[0]
+            newest = state_files.train_state_steps(self.model_dir)[0]
             note = (f'; {self.stats.jsonl_path} ends before step {newest}: the steps from {state.step} are redone '
                     f'to log them again' if logged is not None and state.step <= logged < newest else '')
             print(f'{self.kind}: resuming from {state.path} (step {state.step}{", already finished" if done else ""}'
@@ -243,7 +243,7 @@ class Run:
     def _prune_model_checkpoints(self):
         # the newest run.keep_checkpoints (the original's max_to_keep), and those a training state refers to
         checkpoints.prune_checkpoints(self.model_dir, keep=self.hparams.run.keep_checkpoints,
-                                      protect=train_state.referenced_checkpoint_steps(self.model_dir))
+                                      protect=state_files.referenced_checkpoint_steps(self.model_dir))
 
     def save_model_at_exit(self, step):
         """The original's `finally: saver.save()` after an error: the model checkpoint of the weights
@@ -274,7 +274,7 @@ class Run:
                 if not getattr(e, 'reported', False):  # an inner run's stop is its line alone
                     self._report_stop(e, step())
                 raise
-            except (finite.NonFiniteError, train_state.CheckpointWriteError):
+            except (finite.NonFiniteError, state_files.CheckpointWriteError):
                 raise  # nothing more is written: no non-finite values, and a failed save would only fail again
             except BaseException:
                 self.save_model_at_exit(step())
@@ -300,7 +300,7 @@ class Run:
             return
         # after Ctrl-C's ^C, on a line of its own
         stopped = ('\n' if signum == signal.SIGINT else '') + f'{self.kind} stopped by {stopping.signal_name(signum)}'
-        state = os.path.join(self.model_dir or '', train_state.TRAIN_STATE_SUBDIR, f'state-{self.saved_step}.json')
+        state = os.path.join(self.model_dir or '', state_files.TRAIN_STATE_SUBDIR, f'state-{self.saved_step}.json')
         resume = (f'from step {self.saved_step} ({state})' if self.saved_step is not None
                   else 'from the start' if self.tracked is not None else 'where it left off')
         if not self.save_dir:

@@ -10,7 +10,7 @@ What a save dir holds for a trainer (<scope> is `reward_model` or `policy`):
     <save_dir>/tb/<scope or ppo>/            TensorBoard events
     <save_dir>/<kind>_curves.png             learning curves, at the end
     <save_dir>/<scope>/checkpoints/          model checkpoints, the last run.keep_checkpoints kept
-    <save_dir>/<scope>/train_state/          training states for resuming (training/train_state.py)
+    <save_dir>/<scope>/train_state/          training states for resuming (training/state_files.py)
 """
 
 import contextlib
@@ -20,7 +20,7 @@ import os
 import socket
 import sys
 
-from lm_human_preferences.training import train_state
+from lm_human_preferences.training import state_files
 from lm_human_preferences.utils import files
 
 
@@ -86,7 +86,7 @@ def run_folder_of(path):
     <kind>_hparams.json, or a model dir, holding train_state/) and what shows it, or None."""
     path = os.path.realpath(path)
     while True:
-        for mark in [f'{kind}_hparams.json' for kind in SCOPES] + [train_state.TRAIN_STATE_SUBDIR]:
+        for mark in [f'{kind}_hparams.json' for kind in SCOPES] + [state_files.TRAIN_STATE_SUBDIR]:
             if os.path.exists(os.path.join(path, mark)):
                 return path, mark
         if os.path.dirname(path) == path:

@@ -1,25 +1,9 @@
-"""Resumable training state and run compatibility (ours: the original could not resume).
+"""Resumable training state (ours: the original could not resume).
 
 The original saved only model weights (tf.train.Saver) and always started from scratch. A long RLHF run
 dies to preemption, a full disk or a crashed worker, so both trainers also save their full *training
-state* here (through training/run.py), and pick it up again when the same command is rerun:
-
-    <dir>/train_state/state-<step>.safetensors   tensors: `modules.<name>.<state_dict key>` for each
-                                                 module not in a model checkpoint of the same step,
-                                                 `optimizer.<param index>.<key>` (Adam m, v), `extra.<key>`
-                                                 for tensors among the trainer's extras
-    <dir>/train_state/state-<step>.json          everything else (step, the trainer's scalar extras such
-                                                 as the KL coefficient, optimizer param groups, how many
-                                                 batches each query sampler has drawn, the random
-                                                 streams of every rank and of the processes, the model
-                                                 checkpoints holding module weights), the sha256 of the
-                                                 .safetensors file and a sha256 of the JSON itself
-
-The .json is written last and is the commit marker: a step whose .json is absent does not exist. Both
-files are written atomically (utils/files.py); the last `keep` states are kept. On load, the newest
-state whose checksums verify (those of the model checkpoints it refers to too) is used; every newer one
-that does not is skipped with a warning, never loaded. Nothing is unpickled: tensors come from
-safetensors, the rest from JSON, and a pickle / torch.save file is refused by its first bytes.
+state* here (through training/run.py), and pick it up again when the same command is rerun. Their files and
+format: training/state_files.py.
 
 Resuming restores the exact RNG streams: the trainers rebuild everything as a fresh run would, then
 `load_latest_train_state` replays the query samplers to their saved positions and only after that
@@ -29,11 +13,7 @@ checkpoints, or for random `test` models from run.seed, exactly as before the cr
 """
 
 import base64
-import hashlib
-import json
 import os
-import re
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
@@ -41,48 +21,10 @@ import numpy as np
 import torch
 
 from lm_human_preferences.language import checkpoints
-from lm_human_preferences.utils import core, distributed, files, ranks
-
-TRAIN_STATE_SUBDIR = 'train_state'
-FORMAT = 'lm_human_preferences train state v2'
-_STATE_RE = re.compile(r'state-(\d+)\.json')
-
-
-class CheckpointError(ValueError):
-    """A training state that cannot be saved or loaded; the message is one line naming the file. (A
-    ValueError, as other bad inputs: launch.py reports it in one line.)"""
-
-
-class CheckpointWriteError(CheckpointError, OSError):
-    """A save failed (e.g. ENOSPC); the temporary file is removed and earlier states are kept."""
-
-
-class IncompatibleRunError(ValueError):
-    """The save dir holds a run with other hyperparameters."""
-
-
-class TrainStateWarning(UserWarning):
-    """A corrupt or truncated training state was skipped."""
-
-
-# ---------------------------------------------------------------------------------------------------
-# Files
-
-def _canonical(obj):
-    return json.dumps(obj, sort_keys=True, separators=(',', ':')).encode()
-
-
-def _paths(state_dir, step):
-    base = os.path.join(state_dir, f'state-{int(step)}')
-    return base + '.safetensors', base + '.json'
-
-
-def train_state_steps(save_dir):
-    """Steps of the committed (.json present) training states in save_dir, newest first."""
-    state_dir = os.path.join(save_dir, TRAIN_STATE_SUBDIR)
-    if not os.path.isdir(state_dir):
-        return []
-    return sorted((int(m.group(1)) for m in map(_STATE_RE.fullmatch, os.listdir(state_dir)) if m), reverse=True)
+from lm_human_preferences.training.state_files import (FORMAT, TRAIN_STATE_SUBDIR, CheckpointError,
+                                                       CheckpointWriteError, choose_train_state, save_model_checkpoint,
+                                                       state_paths, write_state_files)
+from lm_human_preferences.utils import core, distributed, ranks
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -226,11 +168,11 @@ def save_train_state(save_dir, step, *, modules: Dict[str, torch.nn.Module], opt
         try:
             # The weights of a module that save_model wrote as a model checkpoint are read back from it
             # on resume instead of being stored a second time.
-            model_files = _save_model(save_model, save_dir) if save_model is not None else {}
+            model_files = save_model_checkpoint(save_model, save_dir) if save_model is not None else {}
             tensors, json_state = _tensor_state({k: m for k, m in modules.items() if k not in model_files},
                                                 optimizer, extra)
             json_state['module_checkpoints'] = {k: os.path.relpath(p, save_dir) for k, p in model_files.items()}
-            sidecar_path = _write_train_state(save_dir, step, tensors, dict(
+            sidecar_path = write_state_files(save_dir, step, tensors, dict(
                 json_state,
                 format=FORMAT,
                 step=int(step),
@@ -253,81 +195,6 @@ def save_train_state(save_dir, step, *, modules: Dict[str, torch.nn.Module], opt
     return sidecar_path
 
 
-def _one_line(e: OSError):
-    return f'[Errno {e.errno}] {e.strerror}' if e.errno is not None else str(e)
-
-
-def _save_model(save_model, save_dir):
-    try:
-        return save_model()
-    except OSError as e:
-        err = CheckpointWriteError(f'could not save the model checkpoint in {save_dir}: {_one_line(e)} '
-                                   f'(earlier checkpoints are kept)')
-        err.errno = e.errno
-        raise err from e
-
-
-def _write_train_state(save_dir, step, tensors, sidecar, *, keep):
-    from safetensors.torch import save
-    state_dir = os.path.join(save_dir, TRAIN_STATE_SUBDIR)
-    tensors_path, sidecar_path = _paths(state_dir, step)
-    path = tensors_path
-    try:
-        os.makedirs(state_dir, exist_ok=True)
-        files.remove_stale_temporaries(state_dir)
-        data = save(tensors)
-        sidecar = dict(sidecar, tensors=os.path.basename(tensors_path),
-                       tensors_sha256=hashlib.sha256(data).hexdigest(), tensors_bytes=len(data))
-        sidecar['sha256'] = hashlib.sha256(_canonical(sidecar)).hexdigest()
-        sidecar_bytes = json.dumps(sidecar, indent=1, sort_keys=True).encode()
-        if os.path.exists(sidecar_path):
-            # Re-saving a committed step (a rerun saves its state again): the new files are written beside it
-            # and renamed over it, the .json last, so that a write that fails (a full disk) leaves the committed
-            # state as it was; tensors of the same bytes are kept as they are.
-            staged = f'.tmp-{os.getpid()}'  # files.remove_stale_temporaries' pattern: a kill leaves no state
-            same = os.path.isfile(tensors_path) and files.sha256_file(tensors_path) == sidecar['tensors_sha256']
-            if not same:
-                files.atomic_write(tensors_path + staged, data)
-            del data
-            path = sidecar_path
-            files.atomic_write(sidecar_path + staged, sidecar_bytes)
-            if not same:
-                os.replace(tensors_path + staged, tensors_path)
-            os.replace(sidecar_path + staged, sidecar_path)
-            files.fsync_dir(state_dir)
-        else:
-            files.atomic_write(tensors_path, data)
-            del data
-            path = sidecar_path
-            files.atomic_write(sidecar_path, sidecar_bytes)
-    except OSError as e:
-        for staged_path in (tensors_path + f'.tmp-{os.getpid()}', sidecar_path + f'.tmp-{os.getpid()}'):
-            if os.path.exists(staged_path):
-                os.remove(staged_path)
-        if path == sidecar_path and os.path.exists(tensors_path) and not os.path.exists(sidecar_path):
-            os.remove(tensors_path)  # its .json never arrived: the tensors alone are no state
-        err = CheckpointWriteError(f'could not save the training state to {path}: {_one_line(e)} '
-                                   f'(earlier states in {state_dir} are kept)')
-        err.errno = e.errno
-        raise err from e
-    _prune(state_dir, keep=keep)
-    return sidecar_path
-
-
-def _prune(state_dir, *, keep):
-    steps = train_state_steps(os.path.dirname(state_dir))
-    for step in steps[keep:]:
-        for path in reversed(_paths(state_dir, step)):  # the .json (commit marker) first
-            if os.path.exists(path):
-                os.remove(path)
-    # Tensors whose .json never arrived (a crash between the two renames).
-    committed = set(steps)
-    for name in os.listdir(state_dir):
-        m = re.fullmatch(r'state-(\d+)\.safetensors', name)
-        if m and int(m.group(1)) not in committed:
-            os.remove(os.path.join(state_dir, name))
-
-
 # ---------------------------------------------------------------------------------------------------
 # Load
 
@@ -336,74 +203,6 @@ class TrainState:
     step: int
     extra: Dict[str, Any]
     path: str  # the .json
-
-
-def _verified_sidecar(state_dir, step):
-    """The sidecar dict of step if both files verify; raises CheckpointError naming the problem otherwise."""
-    tensors_path, sidecar_path = _paths(state_dir, step)
-    try:
-        files.refuse_pickle(sidecar_path)
-        with open(sidecar_path, 'rb') as f:
-            sidecar = json.loads(f.read())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f'{sidecar_path} is not valid JSON ({e})') from None
-    if not isinstance(sidecar, dict) or sidecar.get('format') != FORMAT:
-        raise CheckpointError(f'{sidecar_path} is not a training state of ours (format {FORMAT!r})')
-    claimed = sidecar.pop('sha256', None)
-    if claimed != hashlib.sha256(_canonical(sidecar)).hexdigest():
-        raise CheckpointError(f'{sidecar_path}: checksum mismatch (the file is corrupt)')
-    if sidecar['step'] != step:
-        raise CheckpointError(f'{sidecar_path} holds step {sidecar["step"]}, not {step}')
-    if not os.path.isfile(tensors_path):
-        raise CheckpointError(f'{tensors_path} is missing')
-    files.refuse_pickle(tensors_path)
-    size = os.path.getsize(tensors_path)
-    if size != sidecar['tensors_bytes']:
-        raise CheckpointError(f'{tensors_path} has {size} bytes, expected {sidecar["tensors_bytes"]} (truncated?)')
-    if files.sha256_file(tensors_path) != sidecar['tensors_sha256']:
-        raise CheckpointError(f'{tensors_path}: checksum mismatch (the file is corrupt)')
-    for path in sidecar['module_checkpoints'].values():  # the weights the state refers to
-        try:
-            checkpoints.load_checkpoint(os.path.join(os.path.dirname(state_dir), path))
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f'{sidecar_path} refers to a model checkpoint that fails: {e}') from None
-    return sidecar
-
-
-def referenced_checkpoint_steps(save_dir):
-    """The steps of the model checkpoints that save_dir's training states refer to (not to be pruned)."""
-    steps = set()
-    for step in train_state_steps(save_dir):
-        try:
-            with open(_paths(os.path.join(save_dir, TRAIN_STATE_SUBDIR), step)[1]) as f:
-                refs = json.load(f).get('module_checkpoints', {}).values()
-        except (OSError, ValueError):
-            continue
-        steps.update(int(m.group(1)) for m in (re.search(r'model-(\d+)\.safetensors$', p) for p in refs) if m)
-    return steps
-
-
-def _choose_train_state(save_dir, at_most=None):
-    """(step, sidecar) of the newest verified state, warning about each newer one skipped; None if none.
-    at_most: the newest verified state at or before it, if one is (else the newest verified)."""
-    state_dir = os.path.join(save_dir, TRAIN_STATE_SUBDIR)
-    skipped, passed_over = [], None
-    for step in train_state_steps(save_dir):
-        try:
-            sidecar = _verified_sidecar(state_dir, step)
-        except (ValueError, OSError) as e:  # CheckpointError, or refuse_pickle's ValueError
-            warnings.warn(f'skipping training state {step} in {state_dir}: {e}', TrainStateWarning, stacklevel=3)
-            skipped.append(step)
-            continue
-        if at_most is None or step <= at_most:
-            return step, sidecar
-        passed_over = passed_over or (step, sidecar)
-    if passed_over:
-        return passed_over
-    if skipped:
-        raise CheckpointError(f'no valid training state in {state_dir}: every one (steps {skipped}) is corrupt; '
-                              f'move the directory away to start afresh')
-    return None
 
 
 def _check_keys(source, what, loaded: dict, expected: dict):
@@ -436,7 +235,7 @@ def load_latest_train_state(save_dir, *, modules: Dict[str, torch.nn.Module], op
     chosen = None
     if ranks.is_root() and save_dir:
         try:
-            chosen = _choose_train_state(save_dir, at_most)
+            chosen = choose_train_state(save_dir, at_most)
         except CheckpointError as e:
             chosen = e  # raised on every rank below, so that none waits for the others
     chosen = core.mpi_bcast(chosen)
@@ -445,7 +244,7 @@ def load_latest_train_state(save_dir, *, modules: Dict[str, torch.nn.Module], op
     if chosen is None:
         return None
     step, sidecar = chosen
-    tensors_path, source = _paths(os.path.join(save_dir, TRAIN_STATE_SUBDIR), step)
+    tensors_path, source = state_paths(os.path.join(save_dir, TRAIN_STATE_SUBDIR), step)
     tensors = _read_state(sidecar, tensors_path, source, modules)
 
     for name, module in modules.items():
@@ -508,54 +307,3 @@ def _load_optimizer(optimizer, tensors, saved, source):
                     for g, ours in zip(param_groups, opt['param_groups'])]
     # load_state_dict moves the state tensors to each parameter's device and dtype.
     optimizer.load_state_dict(dict(state=opt_state, param_groups=param_groups))
-
-
-# ---------------------------------------------------------------------------------------------------
-# Checks
-
-def _comparable(hparams_dict, save_dir):
-    """Flat hparams with the save dir factored out: fields named save_dir are dropped and paths inside
-    the run's save dir (e.g. train_policy's rewards.trained_model = <save_dir>/reward_model) are made
-    relative, so that a moved or differently spelled save dir still resumes."""
-    flat = core.flatten_dict(json.loads(json.dumps(hparams_dict)), sep='.')
-    root = flat.get('run.save_dir') if save_dir is None else save_dir
-    out = {}
-    for k, v in flat.items():
-        if k.split('.')[-1] == 'save_dir':
-            continue
-        if root and isinstance(v, str) and (v == root or v.startswith(root.rstrip('/') + '/')):
-            v = '<save_dir>' + v[len(root.rstrip('/')):]
-        out[k] = v
-    return out
-
-
-def check_resume_compatible(save_dir, hparams_dict, filename, *, ignore=()):
-    """Whether save_dir/filename (a trainer's saved hparams) exists; raises IncompatibleRunError if it
-    holds other hparams than hparams_dict (ours, to_nested_dict()).
-
-    Every field must match except `run.save_dir` (and paths inside it, compared relative to it) and the
-    fields named in `ignore` (dotted keys, matched as the key or its last parts, e.g. `run.wandb` matches
-    `rewards.train_new_model.run.wandb`): a resumed run must be the same run, or its results would mix
-    two configurations. Not collective: training/run.py calls it on one process.
-    """
-    path = os.path.join(save_dir, filename)
-    if not os.path.exists(path):
-        return False
-    try:
-        with open(path) as f:
-            saved = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise IncompatibleRunError(f'{path} is not valid JSON ({e}); choose another --save_dir or remove it') from None
-    theirs = _comparable(saved, None)
-    ours = _comparable(hparams_dict, save_dir)
-    diffs = sorted(k for k in set(theirs) | set(ours)
-                   if not any(k == i or k.endswith('.' + i) for i in ignore)
-                   and theirs.get(k, '<unset>') != ours.get(k, '<unset>'))
-    if diffs:
-        k = diffs[0]
-        more = f' (and {len(diffs) - 1} more differences)' if len(diffs) > 1 else ''
-        raise IncompatibleRunError(
-            f'{save_dir} holds another run: its {filename} has {k}={theirs.get(k, "<unset>")!r}, this run has '
-            f'{k}={ours.get(k, "<unset>")!r}{more}. To resume that run, rerun its command with the same '
-            f'hyperparameters; to start a new run, give it another NAME (or --save_dir)')
-    return True

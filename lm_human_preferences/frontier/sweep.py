@@ -21,11 +21,10 @@ import shlex
 import time
 
 from lm_human_preferences.frontier import table
+from lm_human_preferences.frontier.table import ARMS, DONE, KNOBS
 from lm_human_preferences.utils import files
 from lm_human_preferences.utils.command_line import ConfigError
 
-ARMS = ('ppo', 'online', 'best_of_n', 'dpo')
-KNOBS = dict(ppo='kl_coef', online='kl_coef', best_of_n='n', dpo='beta')
 # Chosen to span about 2 to 10 nats: for PPO a fixed kl_coef (in 44 batches the adaptive controller moves kl_coef too
 # little, or too late, for its target to set the KL: docs/sentiment_mini.md), around the miniature's 0.21, which
 # landed at 6 nats offline and at 10-16 online (docs/labeling.md): four for online PPO, ~10 minutes a run;
@@ -34,7 +33,6 @@ KNOBS = dict(ppo='kl_coef', online='kl_coef', best_of_n='n', dpo='beta')
 DEFAULT_POINTS = dict(ppo=(0.3, 0.25, 0.21, 0.17, 0.13), online=(0.4, 0.3, 0.21, 0.15), best_of_n=(4, 16, 64, 256, 1024, 2048),
                       dpo=(0.1, 0.03, 0.01))
 ONLINE_RETRAINS = 3
-DONE = 'frontier.json'
 REWARD_PREFIX = 'rewards.train_new_model.'  # the reward model's hparams, as train_policy names them
 
 

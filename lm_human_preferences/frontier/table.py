@@ -21,6 +21,11 @@ COLOURS = dict(ppo='C0', online='C1', best_of_n='C2', dpo='C3')
 LABELS = dict(ppo='offline PPO (kl_coef)', online='online PPO, 3 retrains (kl_coef)',
               best_of_n='best-of-n by the reward model (n; KL: the bound)', dpo='DPO, TRL (beta)')
 
+# The arms, each one's knob, and the file that marks a run finished (written last by sweep.py, read here).
+ARMS = ('ppo', 'online', 'best_of_n', 'dpo')
+KNOBS = dict(ppo='kl_coef', online='kl_coef', best_of_n='n', dpo='beta')
+DONE = 'frontier.json'
+
 
 def minutes(seconds):
     return f'{int(seconds // 60)}m{int(seconds % 60):02d}s'
@@ -42,7 +47,6 @@ def points_line(points):
 
 def collect(out, arms=None):
     """Every point of the finished runs under out, as rows (sorted by arm, seed, value)."""
-    from lm_human_preferences.frontier.sweep import ARMS, DONE, KNOBS
     rows = []
     for seed_dir in sorted(os.listdir(out)) if os.path.isdir(out) else []:
         if not seed_dir.startswith('seed') or not os.path.isdir(os.path.join(out, seed_dir)):

@@ -28,6 +28,15 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '0')
 
 
+
+def load_script(name, filename):
+    """The repository's script `filename` (launch.py, sample.py) as a module of its own named `name`."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / filename)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 @pytest.fixture
 def gpt2_124m_dir() -> Path:
     """The dir of OpenAI's GPT-2 124M release files that describe its variables (no weights): hparams.json

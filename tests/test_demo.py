@@ -2,7 +2,6 @@
 the policy's samples score higher by the rule after PPO, and the reward model beats chance. The mechanism's
 unit tests (the labels' ties and format) are in tests/test_offline.py."""
 import dataclasses
-import importlib.util
 import json
 import re
 import subprocess
@@ -18,11 +17,10 @@ from lm_human_preferences.offline import experiment
 from lm_human_preferences.utils import cpu
 from lm_human_preferences.offline import report as offline_report
 from lm_human_preferences.language import checkpoints, encodings, model
+from conftest import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location('top_launch', REPO_ROOT / 'launch.py')
-top_launch = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(top_launch)
+top_launch = load_script('top_launch', 'launch.py')
 
 
 def test_rule():

@@ -4,7 +4,6 @@ import, report); the sweep's resume after a kill -9 (the killed run finished, no
 table regenerated from the results alone; the options' one-line errors. That the full sweep measures something is
 docs/frontier.md's business."""
 import dataclasses
-import importlib.util
 import json
 import os
 import re
@@ -20,11 +19,10 @@ import pytest
 from lm_human_preferences import demo
 from lm_human_preferences.frontier import sweep, table
 from lm_human_preferences.utils.command_line import ConfigError
+from conftest import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location('top_launch', REPO_ROOT / 'launch.py')
-top_launch = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(top_launch)
+top_launch = load_script('top_launch', 'launch.py')
 
 # The demo shrunk: the same phases in seconds (the fixture shrinks its model, held-out labels and eval queries).
 TOY = {'rewards.train_new_model.labels.num_train': '16',

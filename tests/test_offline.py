@@ -4,7 +4,6 @@ through train_reward's normal path), the pretraining loss, and the miniature's t
 end-to-end run (those are tests/test_demo.py and tests/test_sentiment_mini.py, in the slow tier)."""
 import copy
 import dataclasses
-import importlib.util
 import json
 import os
 import re
@@ -22,11 +21,10 @@ from lm_human_preferences.offline import experiment, labels, pretrain
 from lm_human_preferences.language import checkpoints, datasets, encodings, model, model_sources, trained_models
 from lm_human_preferences.utils import cpu, gcs
 from lm_human_preferences.sentiment_mini import vader
+from conftest import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location('top_launch', REPO_ROOT / 'launch.py')
-top_launch = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(top_launch)
+top_launch = load_script('top_launch', 'launch.py')
 
 
 def test_an_offline_experiments_model_name_is_known_at_launch(tmp_path, monkeypatch):

@@ -4,7 +4,6 @@ books, a pretrained initial model, VADER's labels in the original's format read 
 both trainers and the report. Sizes are cut to about a minute, too small to learn: that the full run
 learns is measured in docs/sentiment_mini.md. Unit tests of its parts: tests/test_offline.py."""
 import dataclasses
-import importlib.util
 import json
 import re
 import subprocess
@@ -18,16 +17,13 @@ from lm_human_preferences import label_types, sentiment_mini, train_policy
 from lm_human_preferences.offline import experiment, pretrain
 from lm_human_preferences.language import checkpoints, encodings
 from lm_human_preferences.sentiment_mini import vader
+from conftest import load_script
 
 pytestmark = pytest.mark.slow  # an end-to-end run: the full suite only (the fast tier is -m "not slow")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location('top_launch', REPO_ROOT / 'launch.py')
-top_launch = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(top_launch)
-_spec = importlib.util.spec_from_file_location('sample_cli', REPO_ROOT / 'sample.py')
-sample_cli = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sample_cli)
+top_launch = load_script('top_launch', 'launch.py')
+sample_cli = load_script('sample_cli', 'sample.py')
 
 REPORT_KEYS = {'vader_initial_mean', 'vader_initial_std', 'vader_trained_mean', 'vader_trained_std', 'kl', 'kl_target',
                'rm_heldout_accuracy', 'rm_ceiling_accuracy', 'rm_bag_of_words_accuracy', 'seed', 'reward_seed',

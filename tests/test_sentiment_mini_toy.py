@@ -4,7 +4,6 @@ sentiment_mini` with its task, vocabulary, books, labeler and report, but a mode
 or the report loses what the bars are read from. That the full run learns is measured in the README; the
 longer end-to-end run with its files and the sample commands is tests/test_sentiment_mini.py (slow tier)."""
 import dataclasses
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -13,11 +12,10 @@ import pytest
 
 from lm_human_preferences import sentiment_mini
 from lm_human_preferences.offline import pretrain
+from conftest import load_script
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location('top_launch', REPO_ROOT / 'launch.py')
-top_launch = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(top_launch)
+top_launch = load_script('top_launch', 'launch.py')
 
 TOY = {'rewards.train_new_model.labels.num_train': '8',
        'rewards.train_new_model.normalize_samples': '8',

@@ -101,7 +101,7 @@ class Sweep:
         """(arm, seed, value) of every run, in the order they run: arm by arm (the cheapest first), value by value,
         seed by seed, so that a partial sweep already holds every seed of the first points; best-of-n is one run a
         seed (all its n)."""
-        order = [arm for arm in ('ppo', 'best_of_n', 'dpo', 'online') if arm in self.arms]
+        order = [arm for arm in ('ppo', 'best_of_n', 'online', 'dpo') if arm in self.arms]
         plan = []
         for arm in order:
             values = [None] if arm == 'best_of_n' else self.points[arm]

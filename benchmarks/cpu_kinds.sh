@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The README's CPU timings, as a new user meets them, on three kinds of CPU: the offline demo, the sentiment
-# miniature's first run (empty caches) and its rerun (the same seed, the caches kept), and the fast tier of the
-# tests; on this CPU as it is ("native": with native bf16 where it has it), held to AVX512-BF16 without AMX
+# miniature's first run (empty caches) and its rerun (the same seed, the caches kept), the fast tier of the tests,
+# and `label sentiment_mini`'s wait for its first question (empty caches of its own: the pretraining included); on
+# this CPU as it is ("native": with native bf16 where it has it), held to AVX512-BF16 without AMX
 # ("avx512bf16": ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16, a Sapphire Rapids standing in for a Zen 4; on a CPU without
 # AMX, the CPU as it is) and under the AVX2 stand-in for a CPU without native bf16 (ATEN_CPU_CAPABILITY=avx2
 # ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2; what each does and how closely it stands in:
 # benchmarks/README.md). Prints one table; writes OUT/cpu_kinds.json and each command's output in OUT/<kind>/.
 #
 #   bash benchmarks/cpu_kinds.sh [OUT]                      # default OUT: $TMPDIR/cpu_kinds
-#   KINDS="native avx512bf16 avx2" PARTS="demo mini rerun fast" SEEDS="1 2 3" bash benchmarks/cpu_kinds.sh OUT
+#   KINDS="native avx512bf16 avx2" PARTS="demo mini rerun fast label" SEEDS="1 2 3" bash benchmarks/cpu_kinds.sh OUT
 #   bash benchmarks/cpu_kinds.sh --table OUT                # the table of OUT again
 #
 # Run it where nothing else runs (the load average is recorded beside every timing): wall times taken under load
@@ -21,7 +22,7 @@ TABLE_ONLY=0
 if [ "${1:-}" = --table ]; then TABLE_ONLY=1; shift; fi
 OUT=$(realpath -m "${1:-${TMPDIR:-/tmp}/cpu_kinds}")
 KINDS=${KINDS:-native avx512bf16 avx2}
-PARTS=${PARTS:-demo mini rerun fast}
+PARTS=${PARTS:-demo mini rerun fast label}
 SEEDS=${SEEDS:-1}
 RESULTS="$OUT/parts.jsonl"
 if [ $TABLE_ONLY = 0 ]; then mkdir -p "$OUT"; : > "$RESULTS"; else KINDS=""; fi
@@ -71,7 +72,11 @@ for kind in $KINDS; do
                    timed "$kind" rerun "seed$seed-rerun" "$dir/mini-seed$seed-rerun.log" \
                        python launch.py train_policy sentiment_mini "seed$seed-rerun" --run.seed "$seed" ;;
             fast) timed "$kind" fast fast-tier "$dir/fast.log" python -m pytest -q -p no:cacheprovider -m "not slow" tests ;;
-            *) echo "cpu_kinds.sh: unknown part '$part' (demo, mini, rerun, fast)" >&2; exit 2 ;;
+            label) mkdir -p "$dir/label/tmp" "$dir/label/saved_models" "$dir/label/datasets"  # empty caches of its own
+                   TMPDIR="$dir/label/tmp" LMHP_SAVED_MODELS_DIR="$dir/label/saved_models" \
+                   LMHP_DATASETS_DIR="$dir/label/datasets" timed "$kind" label first-question "$dir/label.log" \
+                       python benchmarks/first_session.py --first_question --out "$dir/label" ;;
+            *) echo "cpu_kinds.sh: unknown part '$part' (demo, mini, rerun, fast, label)" >&2; exit 2 ;;
         esac
     done
 done
@@ -107,6 +112,12 @@ for row in rows:
                       f"{100 * r['rm_bag_of_words_accuracy']:.1f} %)")
         else:
             extra += f"; rule gain {r['rule_gain_initial_stds']:+.2f} sd, KL {r['kl']:.2f}"
+    elif row['part'] == 'label':
+        lines = [line for line in open(row['log']) if line.startswith('{')]
+        extra = json.loads(lines[-1]) if lines else ''
+        if extra:
+            extra = (f"the page up at {extra['page_ready_s']:.0f}s, the first question at {extra['first_question_s']:.0f}s "
+                     f"(the miniature's pretraining first, in the same command)")
     elif row['part'] == 'fast':
         last = [line for line in open(row['log']).read().splitlines() if ' in ' in line][-1:]
         extra = last[0].strip('= ') if last else ''

@@ -5,6 +5,11 @@ the README says and prints what the policy learned. It measures what the machine
 each question took to come, as the page fetched it) and what about a hundred labels do.
 
     python benchmarks/first_session.py --num 100 --train 88 [--seed 1] [--think_s 0] [--out DIR]
+    python benchmarks/first_session.py --first_question    # only the wait for the first question, then stop
+
+With empty caches (LMHP_SAVED_MODELS_DIR, LMHP_DATASETS_DIR and TMPDIR of their own, as benchmarks/cpu_kinds.sh's
+`label` part gives it) the wait for the first question is a new labeler's: the initial model's pretraining, then the
+first questions' sampling.
 """
 import argparse
 import json
@@ -36,6 +41,8 @@ def main():
     parser.add_argument('--seed', type=int, default=1)
     parser.add_argument('--think_s', type=float, default=0.0, help="a person's seconds a question")
     parser.add_argument('--out', default='/tmp/first-session')
+    parser.add_argument('--first_question', action='store_true',
+                        help='stop at the first question: print the seconds until the page was up and until it came')
     args = parser.parse_args()
     out = Path(args.out)
     rng = random.Random(args.seed)
@@ -52,10 +59,16 @@ def main():
     while True:
         fetched = time.time()
         reply = api(base + 'api/next?labeler=vader')
-        if reply['state'] == 'empty':  # the page is up before the model is loaded and the first questions made
+        if reply['state'] in ('waiting', 'empty'):  # the page is up before the model is made and the questions
             time.sleep(0.2)
             continue
         waits.append(time.time() - fetched)
+        if args.first_question:
+            label.terminate()
+            label.wait()
+            print(json.dumps(dict(page_ready_s=round(ready, 1), first_question_s=round(time.time() - started, 1),
+                                  state=reply['state'])))
+            return
         if reply['state'] != 'question':
             break
         time.sleep(args.think_s)

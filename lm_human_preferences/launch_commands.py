@@ -108,8 +108,8 @@ launch_export_labels.option_help = dict(out=command_line.REQUIRED)
 def frontier_command(train_policy, train_reward, policy_experiments):
     """launch.py's `frontier` command, running launch.py's train_policy and train_reward commands."""
     def launch_frontier(exp, arms='ppo,online,best_of_n,dpo', seeds='1,2,3', points=None, out=None, kl_budget=6.0,
-                        table_only=False, figure=None, doc=None, best_of_n_queries=64, dpo_learning_rate=1e-4,
-                        dpo_batch_size=64, dpo_epochs=1, **extra_hparams):
+                        table_only=False, figure=None, doc=None, readme=None, best_of_n_queries=64,
+                        dpo_learning_rate=1e-4, dpo_batch_size=64, dpo_epochs=1, **extra_hparams):
         """Ours: the reward-KL frontier of an offline experiment (lm_human_preferences/frontier/): offline PPO, online
         PPO (3 retrains, the same labels budget), best-of-n by the reward model and DPO (TRL's DPOTrainer, the
         `baselines` extra) on each seed's initial model and labels, each at several KL budgets (--points
@@ -132,6 +132,7 @@ def frontier_command(train_policy, train_reward, policy_experiments):
         repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         figure = figure or os.path.join(repo, 'static', f'frontier_{exp}.png')
         doc = doc or (os.path.join(repo, 'docs', 'frontier.md') if exp == 'sentiment_mini' else None)
+        readme = readme or (os.path.join(repo, 'README.md') if exp == 'sentiment_mini' else None)
         command = ' '.join(['python launch.py frontier', exp, f'--arms {",".join(arm_list)}',
                             f'--seeds {",".join(map(str, seed_list))}'] + ([f"--points '{points}'"] if points else [])
                            + [f'--{k} {v}' for k, v in extra_hparams.items()])
@@ -142,11 +143,13 @@ def frontier_command(train_policy, train_reward, policy_experiments):
                         best_of_n_queries=best_of_n_queries,
                         dpo_options=dict(learning_rate=dpo_learning_rate, batch_size=dpo_batch_size,
                                          epochs=dpo_epochs)).run_all()
-        table.write(out, arms=arm_list, budget=float(kl_budget), command=command, figure=figure, doc=doc)
+        table.write(out, arms=arm_list, budget=float(kl_budget), command=command, figure=figure, doc=doc,
+                    readme=readme)
 
     launch_frontier.option_help = dict(points='every arm its defaults (frontier/sweep.py)',
                                        out='<tmp>/save/frontier/EXP', figure='static/frontier_EXP.png',
-                                       doc='docs/frontier.md for sentiment_mini, none for another')
+                                       doc='docs/frontier.md for sentiment_mini, none for another',
+                                       readme="README.md's summary for sentiment_mini, none for another")
     return launch_frontier
 
 

@@ -95,26 +95,39 @@ def test_dpo_round_trip_and_best_of_n(tmp_path, toy_demo, capsys):
 
 
 def test_table_only_regenerates_from_the_results(tmp_path, capsys):
-    """The table, plot and doc from frontier.json files alone (no model is loaded), the gain at the budget
-    interpolated per seed; the doc's own text outside the markers kept."""
+    """The table, plot, doc and README summary from frontier.json files alone (no model is loaded), the gain at the
+    budget interpolated per seed, each arm against offline PPO paired by seed; the doc's own text outside the
+    markers kept, a README without the markers left alone."""
     out = tmp_path / 'out'
-    for seed, gains in ((1, (0.5, 1.5, 2.5)), (2, (1.0, 2.0, 3.0))):
-        for kl_coef, gain, kl in zip((0.3, 0.2, 0.1), gains, (2.0, 4.0, 8.0)):
-            run = out / f'seed{seed}' / f'ppo-kl_coef{kl_coef}'
-            run.mkdir(parents=True)
-            point = dict(value=kl_coef, gain=gain, gain_se=0.05, kl=kl, kl_se=0.1, kl_kind='measured',
-                         kl_objective=kl, rm_initial=0.6, rm_trained=0.5)
-            (run / sweep.DONE).write_text(json.dumps(dict(identity=dict(arm='ppo', seed=seed), command='cmd',
-                                                          points=[point])))
-    doc = tmp_path / 'frontier.md'
+    for arm, offset in (('ppo', 0.0), ('online', 0.5)):
+        for seed, gains in ((1, (0.5, 1.5, 2.5)), (2, (1.0, 2.0, 3.0))):
+            for kl_coef, gain, kl, rm in zip((0.3, 0.2, 0.1), gains, (2.0, 4.0, 8.0), (0.6, 0.5, 0.4)):
+                run = out / f'seed{seed}' / f'{arm}-kl_coef{kl_coef}'
+                run.mkdir(parents=True)
+                gain += offset * (seed == 1)  # online: 0.5 more on seed 1, the same on seed 2
+                point = dict(value=kl_coef, gain=gain, gain_se=0.05, kl=kl, kl_se=0.1, kl_kind='measured',
+                             kl_objective=kl, rm_initial=0.6, rm_trained=rm)
+                (run / sweep.DONE).write_text(json.dumps(dict(identity=dict(arm=arm, seed=seed), command='cmd',
+                                                              points=[point])))
+    doc, readme = tmp_path / 'frontier.md', tmp_path / 'README.md'
     doc.write_text(f'# Title\n\nwords\n{table.BEGIN}\nold\n{table.END}\nafter\n')
-    frontier(tmp_path, arms='ppo', seeds='1,2', table_only=True)
+    readme.write_text(f'# Readme\n{table.SUMMARY_BEGIN}\nold\n{table.SUMMARY_END}\nrest\n')
+    frontier(tmp_path, arms='ppo,online', seeds='1,2', table_only=True, readme=str(readme))
     text = doc.read_text()
     assert text.startswith('# Title\n\nwords\n') and text.endswith(f'{table.END}\nafter\n') and 'old' not in text
-    # seed 1: 6 nats lies between (4, 1.5) and (8, 2.5): 2.0; seed 2: 2.5; mean 2.25, sd 0.35
-    assert '| offline PPO (kl_coef) | +2.00 | +2.50 | +2.25 ± 0.35 (2 seeds) |' in text
+    # seed 1: 6 nats lies between (4, 1.5) and (8, 2.5): 2.0; seed 2: 2.5; mean 2.25, sd 0.35; the reward model on
+    # the trained policy's samples 0.45 at 6 nats on both seeds
+    assert '| offline PPO (kl_coef) | +2.00 | +2.50 | +2.25 ± 0.35 (2 seeds) | 45.0 % ± 0.0 |' in text
+    # online less offline, paired by seed: +0.5 on seed 1, 0 on seed 2: more on one of two seeds
+    assert '| online PPO, 3 retrains (kl_coef) | +0.50 | +0.00 | +0.25 ± 0.35 (2 seeds) | 1 of 2 |' in text
     assert 'frontier: ppo at 6 nats: +2.25 ± 0.35 (seeds: +2.00, +2.50)' in capsys.readouterr().out
-    assert len((out / 'frontier.jsonl').read_text().splitlines()) == 6 and (tmp_path / 'frontier.png').is_file()
+    assert len((out / 'frontier.jsonl').read_text().splitlines()) == 12 and (tmp_path / 'frontier.png').is_file()
+    summary = readme.read_text()
+    assert summary.startswith(f'# Readme\n{table.SUMMARY_BEGIN}\n') and summary.endswith(f'{table.SUMMARY_END}\nrest\n')
+    assert '+2.25 ± 0.35 (2 seeds)' in summary and '![gain against KL](frontier.png)' in summary and 'old' not in summary
+    readme.write_text('# A README without the markers\n')
+    frontier(tmp_path, arms='ppo', seeds='1,2', table_only=True, readme=str(readme))
+    assert readme.read_text() == '# A README without the markers\n'
 
 
 def test_gain_at_does_not_extrapolate():

@@ -17,6 +17,9 @@ import numpy as np
 from lm_human_preferences.utils import files
 
 BEGIN, END = '<!-- frontier table: begin (written by `launch.py frontier`) -->', '<!-- frontier table: end -->'
+# The README's summary: the gain at the budget and the plot, between these markers where the README has them.
+SUMMARY_BEGIN = '<!-- frontier summary: begin (written by `launch.py frontier`) -->'
+SUMMARY_END = '<!-- frontier summary: end -->'
 COLOURS = dict(ppo='C0', online='C1', best_of_n='C2', dpo='C3')
 LABELS = dict(ppo='offline PPO (kl_coef)', online='online PPO, 3 retrains (kl_coef)',
               best_of_n='best-of-n by the reward model (n; KL: the bound)', dpo='DPO, TRL (beta)')
@@ -77,17 +80,83 @@ def gain_at(rows, kl):
     return float(np.interp(kl, np.array(kls)[order], np.array(gains)[order]))
 
 
+def value_at(rows, kl, key):
+    """rows' `key` at `kl` nats, interpolated as gain_at interpolates the gain (None outside the points' KLs or where
+    a point has no value)."""
+    if any(r[key] is None for r in rows):
+        return None
+    return gain_at([dict(kl=r['kl'], gain=r[key]) for r in rows], kl)
+
+
+def own_samples_key(arm):
+    """The reward model's accuracy on the arm's own samples: best-of-n's are the initial policy's samples."""
+    return 'rm_initial' if arm == 'best_of_n' else 'rm_trained'
+
+
 def budget_table(rows, budget):
-    """{arm: {'seeds': {seed: gain or None}, 'mean': m, 'std': s, 'n': count}} of the gain at `budget` nats."""
+    """{arm: {'seeds': {seed: gain or None}, 'mean': m, 'std': s, 'n': count, 'rm': {seed: accuracy or None}}} of
+    the gain at `budget` nats and of the reward model's accuracy on the arm's own samples there."""
     result = {}
     for arm in dict.fromkeys(r['arm'] for r in rows):
-        seeds = {}
+        seeds, rm = {}, {}
         for seed in sorted({r['seed'] for r in rows if r['arm'] == arm}):
-            seeds[seed] = gain_at([r for r in rows if r['arm'] == arm and r['seed'] == seed], budget)
-        values = [v for v in seeds.values() if v is not None]
-        result[arm] = dict(seeds=seeds, n=len(values), mean=float(np.mean(values)) if values else None,
-                           std=float(np.std(values, ddof=1)) if len(values) > 1 else None)
+            frontier = [r for r in rows if r['arm'] == arm and r['seed'] == seed]
+            seeds[seed] = gain_at(frontier, budget)
+            rm[seed] = value_at(frontier, budget, own_samples_key(arm))
+        result[arm] = dict(seeds=seeds, rm=rm, **spread(seeds.values()))
     return result
+
+
+def spread(values):
+    """{'mean', 'std', 'n'} of the values that are not None (std: the sample standard deviation, None below two)."""
+    values = [v for v in values if v is not None]
+    return dict(n=len(values), mean=float(np.mean(values)) if values else None,
+                std=float(np.std(values, ddof=1)) if len(values) > 1 else None)
+
+
+def against(budgets, arm, baseline='ppo'):
+    """The arm's gain at the budget less the baseline's, paired by seed: {'seeds': {seed: difference or None},
+    'mean', 'std', 'n', 'above': seeds where the arm gains more}."""
+    mine, theirs = budgets[arm]['seeds'], budgets[baseline]['seeds']
+    seeds = {seed: (None if mine[seed] is None or theirs.get(seed) is None else mine[seed] - theirs[seed])
+             for seed in mine}
+    return dict(seeds=seeds, above=sum(d > 0 for d in seeds.values() if d is not None), **spread(seeds.values()))
+
+
+def _mean_cell(entry, unit=''):
+    if entry['mean'] is None:
+        return 'out of its range'
+    return f"{entry['mean']:+.2f}{unit}" + (f" ± {entry['std']:.2f}" if entry['std'] is not None else '') + \
+        f" ({entry['n']} seed{'s' if entry['n'] != 1 else ''})"
+
+
+def summary(rows, budget):
+    """The findings at the budget, in Markdown: each arm's gain per seed and its mean ± sd, the reward model's
+    accuracy on the arm's own samples, and each arm against offline PPO paired by seed (docs/frontier.md and the
+    README show this)."""
+    budgets = budget_table(rows, budget)
+    seeds = sorted({r['seed'] for r in rows})
+    lines = [f'| arm (knob) | ' + ' | '.join(f'seed {s}' for s in seeds) + ' | mean ± sd | RM on its own samples |',
+             '|---|' + '---|' * (len(seeds) + 2)]
+    for arm, entry in budgets.items():
+        cells = ['–' if entry['seeds'].get(s) is None else f"{entry['seeds'][s]:+.2f}" for s in seeds]
+        rm = spread(entry['rm'].values())
+        rm_cell = '–' if rm['mean'] is None else f"{100 * rm['mean']:.1f} %" + (
+            f" ± {100 * rm['std']:.1f}" if rm['std'] is not None else '')
+        lines.append(f'| {LABELS[arm]} | ' + ' | '.join(cells) + f' | {_mean_cell(entry)} | {rm_cell} |')
+    if 'ppo' in budgets and len(budgets) > 1:
+        lines += ['', f'Against offline PPO at {budget:g} nats, paired by seed (the arm\'s gain less offline PPO\'s on the '
+                      f'same seed\'s initial model and labels):', '',
+                  '| arm | ' + ' | '.join(f'seed {s}' for s in seeds) + ' | mean ± sd | seeds where it gains more |',
+                  '|---|' + '---|' * (len(seeds) + 2)]
+        for arm in budgets:
+            if arm == 'ppo':
+                continue
+            entry = against(budgets, arm)
+            cells = ['–' if entry['seeds'].get(s) is None else f"{entry['seeds'][s]:+.2f}" for s in seeds]
+            lines.append(f'| {LABELS[arm]} | ' + ' | '.join(cells) + f' | {_mean_cell(entry)} | '
+                         f"{entry['above']} of {entry['n']} |")
+    return '\n'.join(lines) + '\n'
 
 
 def markdown(rows, budget, *, command, figure=None):
@@ -98,14 +167,7 @@ def markdown(rows, budget, *, command, figure=None):
              f'policy\'s samples → of the trained policy\'s (the distributional shift).', '']
     if figure:
         lines += [f'![gain against KL]({figure})', '']
-    lines += [f'### Gain at {budget:g} nats, interpolated on each seed\'s frontier', '',
-              '| arm | ' + ' | '.join(f'seed {s}' for s in sorted({r["seed"] for r in rows})) + ' | mean ± sd |',
-              '|---|' + '---|' * (len({r['seed'] for r in rows}) + 1)]
-    for arm, entry in budget_table(rows, budget).items():
-        cells = ['–' if v is None else f'{v:+.2f}' for v in entry['seeds'].values()]
-        mean = ('out of its range' if entry['mean'] is None else f"{entry['mean']:+.2f}"
-                + (f" ± {entry['std']:.2f}" if entry['std'] is not None else '') + f" ({entry['n']} seeds)")
-        lines.append(f'| {LABELS[arm]} | ' + ' | '.join(cells) + f' | {mean} |')
+    lines += [f'### Gain at {budget:g} nats, interpolated on each seed\'s frontier', '', summary(rows, budget).rstrip('\n')]
     lines += ['', '### Every point', '', '| arm | seed | knob | gain ± se | KL (nats) | PPO objective/kl | RM: initial → '
               'trained samples | command |', '|---|---|---|---|---|---|---|---|']
     for r in rows:
@@ -152,9 +214,9 @@ def plot(rows, path, *, budget, title):
     os.replace(tmp, path)
 
 
-def write(out, *, arms, budget, command, figure, doc):
-    """The table (frontier.jsonl, frontier.md under out), the figure and the doc's table from the finished runs;
-    returns the rows."""
+def write(out, *, arms, budget, command, figure, doc, readme=None):
+    """The table (frontier.jsonl, frontier.md under out), the figure, the doc's table and the readme's summary
+    (where it has the SUMMARY markers) from the finished runs; returns the rows."""
     rows = collect(out, arms)
     if not rows:
         print(f'frontier: no finished run in {out} yet: nothing to tabulate')
@@ -167,6 +229,11 @@ def write(out, *, arms, budget, command, figure, doc):
     files.atomic_write(os.path.join(out, 'frontier.md'), text.encode())
     if doc:
         replace_section(doc, text)
+    if readme and os.path.isfile(readme) and SUMMARY_BEGIN in open(readme).read():
+        figure_there = os.path.relpath(figure, os.path.dirname(os.path.abspath(readme)))
+        replace_section(readme, f'Made by `{command}` ({len(rows)} points). The gain at {budget:g} nats, interpolated on '
+                                f'each seed\'s frontier:\n\n{summary(rows, budget)}\n![gain against KL]({figure_there})\n',
+                        SUMMARY_BEGIN, SUMMARY_END)
     for arm, entry in budget_table(rows, budget).items():
         seeds = ', '.join('–' if v is None else f'{v:+.2f}' for v in entry['seeds'].values())
         mean = 'out of range' if entry['mean'] is None else f"{entry['mean']:+.2f}" + (
@@ -177,12 +244,12 @@ def write(out, *, arms, budget, command, figure, doc):
     return rows
 
 
-def replace_section(doc, text):
-    """doc with the text between its BEGIN and END markers replaced (both added at its end when it has none)."""
+def replace_section(doc, text, begin=BEGIN, end=END):
+    """doc with the text between its begin and end markers replaced (both added at its end when it has none)."""
     old = open(doc).read() if os.path.isfile(doc) else '# The reward–KL frontier\n'
-    if BEGIN in old and END in old:
-        head, rest = old.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        tail = rest.split(end, 1)[1]
     else:
         head, tail = old.rstrip('\n') + '\n\n', '\n'
-    files.atomic_write(doc, (head + BEGIN + '\n' + text + END + tail).encode())
+    files.atomic_write(doc, (head + begin + '\n' + text + end + tail).encode())

@@ -12,8 +12,8 @@ shapes), each with the experiment's CPU threads (the miniature 2, the demo 1; --
 
 - pretrain_step: one step of the initial model's pretraining (offline/pretrain.py's step: forward, the output
   layer's cross-entropy, backward, AdamTF);
-- label_batch: a label batch's sampling, 4 x Policy.respond of rollout_batch_size queries (labels.py's, tokens only
-  where the checkout can: benchmarks/label_sampling.py);
+- label_batch: a label batch's sampling, 4 x Policy.respond of rollout_batch_size queries (labels.py's: tokens only
+  and the chunked vocabulary where the checkout has them, as benchmarks/label_sampling.py);
 - reward_step: one train_reward minibatch (best_of_4: 4 responses scored per query, the cross-entropy, backward,
   AdamTF);
 - ppo_sampling / ppo_scoring / ppo_update: a PPO batch's rollout (Policy.respond with logprobs and values), its
@@ -129,12 +129,15 @@ def build(name, tmp):
     policy = Policy(trained, temperature=s['temperature'])
     ref_policy = Policy(trained, temperature=s['temperature'])
     ref_policy.requires_grad_(False)
-    tokens_only = 'logprobs' in inspect.signature(policy.respond).parameters
+    respond_options = inspect.signature(policy.respond).parameters
     label_queries = tokens(s['rollout_batch_size'], q)
 
     def label_batch():
         g = torch.Generator().manual_seed(0)
-        kwargs = dict(logprobs=False) if tokens_only else {}
+        # as offline/labels.py samples, in each checkout: tokens only, from the chunked vocabulary
+        kwargs = dict(logprobs=False) if 'logprobs' in respond_options else {}
+        if 'chunked_vocab' in respond_options:
+            kwargs['chunked_vocab'] = True
         for _ in range(label_types.get(s['label_type']).num_responses):
             policy.respond(label_queries, r, generator=g, **kwargs)
 

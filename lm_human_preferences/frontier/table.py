@@ -70,22 +70,15 @@ def collect(out, arms=None):
     return sorted(rows, key=lambda r: (order[r['arm']], r['seed'], r['kl']))
 
 
-def gain_at(rows, kl):
-    """The gain at `kl` nats by linear interpolation between the two points around it on one seed's frontier of one
-    arm (rows sorted by KL); None when kl lies outside the points' KLs (no extrapolation)."""
-    kls, gains = [r['kl'] for r in rows], [r['gain'] for r in rows]
-    if not kls or kl < min(kls) or kl > max(kls):
+def gain_at(rows, kl, key='gain'):
+    """The gain (or another of the points' values: `key`) at `kl` nats by linear interpolation between the two points
+    around it on one seed's frontier of one arm; None when kl lies outside the points' KLs (no extrapolation) or a
+    point has no such value."""
+    kls, values = [r['kl'] for r in rows], [r[key] for r in rows]
+    if not kls or kl < min(kls) or kl > max(kls) or None in values:
         return None
     order = np.argsort(kls)
-    return float(np.interp(kl, np.array(kls)[order], np.array(gains)[order]))
-
-
-def value_at(rows, kl, key):
-    """rows' `key` at `kl` nats, interpolated as gain_at interpolates the gain (None outside the points' KLs or where
-    a point has no value)."""
-    if any(r[key] is None for r in rows):
-        return None
-    return gain_at([dict(kl=r['kl'], gain=r[key]) for r in rows], kl)
+    return float(np.interp(kl, np.array(kls)[order], np.array(values)[order]))
 
 
 def own_samples_key(arm):
@@ -102,7 +95,7 @@ def budget_table(rows, budget):
         for seed in sorted({r['seed'] for r in rows if r['arm'] == arm}):
             frontier = [r for r in rows if r['arm'] == arm and r['seed'] == seed]
             seeds[seed] = gain_at(frontier, budget)
-            rm[seed] = value_at(frontier, budget, own_samples_key(arm))
+            rm[seed] = gain_at(frontier, budget, own_samples_key(arm))
         result[arm] = dict(seeds=seeds, rm=rm, **spread(seeds.values()))
     return result
 
@@ -123,10 +116,15 @@ def against(budgets, arm, baseline='ppo'):
     return dict(seeds=seeds, above=sum(d > 0 for d in seeds.values() if d is not None), **spread(seeds.values()))
 
 
-def _mean_cell(entry, unit=''):
+def _seed_cells(values, seeds):
+    """A table row's per-seed cells of {seed: value or None}."""
+    return ['–' if values.get(s) is None else f'{values[s]:+.2f}' for s in seeds]
+
+
+def _mean_cell(entry):
     if entry['mean'] is None:
         return 'out of its range'
-    return f"{entry['mean']:+.2f}{unit}" + (f" ± {entry['std']:.2f}" if entry['std'] is not None else '') + \
+    return f"{entry['mean']:+.2f}" + (f" ± {entry['std']:.2f}" if entry['std'] is not None else '') + \
         f" ({entry['n']} seed{'s' if entry['n'] != 1 else ''})"
 
 
@@ -139,7 +137,7 @@ def summary(rows, budget):
     lines = [f'| arm (knob) | ' + ' | '.join(f'seed {s}' for s in seeds) + ' | mean ± sd | RM on its own samples |',
              '|---|' + '---|' * (len(seeds) + 2)]
     for arm, entry in budgets.items():
-        cells = ['–' if entry['seeds'].get(s) is None else f"{entry['seeds'][s]:+.2f}" for s in seeds]
+        cells = _seed_cells(entry['seeds'], seeds)
         rm = spread(entry['rm'].values())
         rm_cell = '–' if rm['mean'] is None else f"{100 * rm['mean']:.1f} %" + (
             f" ± {100 * rm['std']:.1f}" if rm['std'] is not None else '')
@@ -153,7 +151,7 @@ def summary(rows, budget):
             if arm == 'ppo':
                 continue
             entry = against(budgets, arm)
-            cells = ['–' if entry['seeds'].get(s) is None else f"{entry['seeds'][s]:+.2f}" for s in seeds]
+            cells = _seed_cells(entry['seeds'], seeds)
             lines.append(f'| {LABELS[arm]} | ' + ' | '.join(cells) + f' | {_mean_cell(entry)} | '
                          f"{entry['above']} of {entry['n']} |")
     return '\n'.join(lines) + '\n'
@@ -235,7 +233,7 @@ def write(out, *, arms, budget, command, figure, doc, readme=None):
                                 f'each seed\'s frontier:\n\n{summary(rows, budget)}\n![gain against KL]({figure_there})\n',
                         SUMMARY_BEGIN, SUMMARY_END)
     for arm, entry in budget_table(rows, budget).items():
-        seeds = ', '.join('–' if v is None else f'{v:+.2f}' for v in entry['seeds'].values())
+        seeds = ', '.join(_seed_cells(entry['seeds'], entry['seeds']))
         mean = 'out of range' if entry['mean'] is None else f"{entry['mean']:+.2f}" + (
             f" ± {entry['std']:.2f}" if entry['std'] is not None else '')
         print(f'frontier: {arm} at {budget:g} nats: {mean} (seeds: {seeds})')

@@ -200,6 +200,41 @@ def test_a_killed_sweep_resumes_the_killed_run_and_repeats_none(tmp_path):
     assert again.stdout.count('done earlier') == 3, again.stdout[-2000:]
 
 
+def test_dpo_cpu_tiles_keep_trls_log_probs_and_gradients():
+    """dpo.cpu_tiles only regroups TRL's fused LM head (tiles a core's cache holds): the same log-probabilities, entropy
+    and gradients as TRL's own tiles, at sizes where both cut the tokens and the vocabulary into several tiles; TRL's
+    settings restored after. The installed TRL must have the settings, or the DPO arm silently runs 3x slower."""
+    pytest.importorskip('trl', reason="the frontier's dpo arm needs the baselines extra: pip install -e '.[baselines]'")
+    import torch
+    import transformers
+    import trl.kernels.chunked_logprob as kernel
+    import trl.trainer.utils as trl_utils
+    from lm_human_preferences.frontier import dpo
+    default = (kernel.TOKEN_CHUNK_SIZE, trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE)
+    tile = (64, 384)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=1500, n_positions=64, n_embd=16,
+                                                                 n_layer=1, n_head=2)).eval()  # no dropout
+    trl_utils.add_fused_lm_head(model, outputs=('log_probs', 'entropy'))
+    input_ids = torch.randint(0, 1500, (5, 40))  # 200 scored tokens: 4 tiles of 64 (TRL's: 1), 4 of 384 entries
+    labels = input_ids.masked_fill(torch.rand(5, 40) < 0.3, -100)
+
+    def run():
+        model.zero_grad()
+        out = model(input_ids=input_ids, labels=labels, fused_lm_head=True)
+        (out.log_probs.sum() + out.entropy.sum()).backward()
+        return [out.log_probs.detach(), out.entropy.detach()] + [p.grad.clone() for p in model.parameters()]
+
+    expected = run()
+    with dpo.cpu_tiles(tile):
+        assert (kernel.TOKEN_CHUNK_SIZE, trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE) == tile
+        tiled = run()
+    assert (kernel.TOKEN_CHUNK_SIZE, trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE) == default
+    assert default[0] > 200 and default[1] > 1500  # TRL's own tiles hold it whole: the two runs group differently
+    for a, b in zip(expected, tiled):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
 def test_dpo_pairs_are_the_labels_as_export_labels_pairs_them():
     """A best-of-4 record is three pairs, its best against each other response (labeling/export.py's label_pairs),
     as texts with the task's query prefix and suffix; the padding token decodes to ''."""

@@ -27,11 +27,12 @@ from lm_human_preferences.utils.command_line import ConfigError
 
 # Chosen to span about 2 to 10 nats: for PPO a fixed kl_coef (in 44 batches the adaptive controller moves kl_coef too
 # little, or too late, for its target to set the KL: docs/sentiment_mini.md), around the miniature's 0.21, which
-# landed at 6 nats offline and at 10-16 online (docs/labeling.md): four for online PPO, ~10 minutes a run;
+# landed at 6 nats offline and at 10-16 online (docs/labeling.md): four for online PPO, ~17 minutes a run;
 # for best-of-n up to 2,048 samples, whose bound is 6.63 nats (10 nats would take 60,000 samples a query); for DPO
-# (the costliest arm, most of an hour a run), three betas (DPO's KL grows as beta falls).
+# (the costliest arm, ~50 minutes a run on one core), three betas: on seed 1 beta 1 went to 2.5 nats and 0.1 to 18.3
+# (KL ~ 2.5 beta^-0.87), so 0.4 and 0.2 for about 5.5 and 10.
 DEFAULT_POINTS = dict(ppo=(0.3, 0.25, 0.21, 0.17, 0.13), online=(0.4, 0.3, 0.21, 0.15), best_of_n=(4, 16, 64, 256, 1024, 2048),
-                      dpo=(0.1, 0.03, 0.01))
+                      dpo=(1, 0.4, 0.2))
 ONLINE_RETRAINS = 3
 REWARD_PREFIX = 'rewards.train_new_model.'  # the reward model's hparams, as train_policy names them
 

@@ -182,6 +182,7 @@ def plot(rows, path, *, budget, title):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     fig, ax = plt.subplots(figsize=(8, 5.5))
     markers = 'osD^vP*X'
     seeds = sorted({r['seed'] for r in rows})
@@ -199,7 +200,14 @@ def plot(rows, path, *, budget, title):
     for i, seed in enumerate(seeds):
         ax.plot([], [], markers[i % len(markers)], color='grey', label=f'seed {seed}')
     ax.axvline(budget, color='grey', ls=':', lw=1)
-    ax.set_xlabel('KL(π ‖ ρ), nats a response')
+    # A log axis: the knobs span 2 to 10 nats, but a run can land far past them (online PPO at a small kl_coef: 38
+    # nats), which on a linear axis squeezes every other point into its left third. symlog only if a KL is <= 0.
+    kls = [r['kl'] for r in rows]
+    ax.set_xscale('log' if min(kls) > 0 else 'symlog')
+    ticks = [m * 10.0 ** e for e in range(-2, 4) for m in (1, 2, 5) if min(kls) / 2 <= m * 10.0 ** e <= max(kls) * 2]
+    ax.set_xticks(ticks, [f'{t:g}' for t in ticks])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel('KL(π ‖ ρ), nats a response (log scale)')
     ax.set_ylabel("VADER gain, sd of the initial policy's scores")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)

@@ -107,14 +107,14 @@ launch_export_labels.option_help = dict(out=command_line.REQUIRED)
 
 def frontier_command(train_policy, train_reward, policy_experiments):
     """launch.py's `frontier` command, running launch.py's train_policy and train_reward commands."""
-    def launch_frontier(exp, arms='ppo,online,best_of_n,dpo', seeds='1,2,3', points=None, out=None, kl_budget=6.0,
+    def launch_frontier(exp, arms='ppo,online,best_of_n,dpo', seeds='1,2,3', points=None, out=None, kl_budget='6,12',
                         table_only=False, figure=None, doc=None, readme=None, best_of_n_queries=64,
                         dpo_learning_rate=1e-4, dpo_batch_size=64, dpo_epochs=1, **extra_hparams):
         """Ours: the reward-KL frontier of an offline experiment (lm_human_preferences/frontier/): offline PPO, online
         PPO (3 retrains, the same labels budget), best-of-n by the reward model and DPO (TRL's DPOTrainer, the
         `baselines` extra) on each seed's initial model and labels, each at several KL budgets (--points
         'ppo=2,4,6;dpo=1,0.4': KL targets, n, betas), then the table (<out>/frontier.md, .jsonl), the plot and
-        each arm's gain at --kl_budget nats. One progress line a run; rerun the same command to resume (finished
+        each arm's gain at each of --kl_budget's KLs (nats; the first in the README). One progress line a run; rerun the same command to resume (finished
         runs are kept, a stopped one resumes). --table_only: the table and plot from the finished runs, in seconds.
         --dotted.hparams go to every run (train_policy's names; rewards.train_new_model.* to the reward models)."""
         from lm_human_preferences.frontier import sweep, table
@@ -124,6 +124,9 @@ def frontier_command(train_policy, train_reward, policy_experiments):
         arm_list = sweep.parse_list('arms', arms, str, allowed=sweep.ARMS)
         seed_list = sweep.parse_list('seeds', seeds, int)
         point_lists = sweep.parse_points(points, arm_list)
+        kl_budgets = sweep.parse_list('kl_budget', kl_budget, float)
+        if min(kl_budgets) <= 0:
+            raise ConfigError(f'--kl_budget {kl_budget}: KLs in nats, each above 0')
         for name, value in (('best_of_n_queries', best_of_n_queries), ('dpo_batch_size', dpo_batch_size),
                             ('dpo_epochs', dpo_epochs)):
             if not isinstance(value, int) or value < 1:
@@ -143,7 +146,7 @@ def frontier_command(train_policy, train_reward, policy_experiments):
                         best_of_n_queries=best_of_n_queries,
                         dpo_options=dict(learning_rate=dpo_learning_rate, batch_size=dpo_batch_size,
                                          epochs=dpo_epochs)).run_all()
-        table.write(out, arms=arm_list, budget=float(kl_budget), command=command, figure=figure, doc=doc,
+        table.write(out, arms=arm_list, kl_budgets=kl_budgets, command=command, figure=figure, doc=doc,
                     readme=readme)
 
     launch_frontier.option_help = dict(points='every arm its defaults (frontier/sweep.py)',

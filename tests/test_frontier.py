@@ -112,7 +112,7 @@ def test_table_only_regenerates_from_the_results(tmp_path, capsys):
     doc, readme = tmp_path / 'frontier.md', tmp_path / 'README.md'
     doc.write_text(f'# Title\n\nwords\n{table.BEGIN}\nold\n{table.END}\nafter\n')
     readme.write_text(f'# Readme\n{table.SUMMARY_BEGIN}\nold\n{table.SUMMARY_END}\nrest\n')
-    frontier(tmp_path, arms='ppo,online', seeds='1,2', table_only=True, readme=str(readme))
+    frontier(tmp_path, arms='ppo,online', seeds='1,2', table_only=True, readme=str(readme), kl_budget='6,3')
     text = doc.read_text()
     assert text.startswith('# Title\n\nwords\n') and text.endswith(f'{table.END}\nafter\n') and 'old' not in text
     # seed 1: 6 nats lies between (4, 1.5) and (8, 2.5): 2.0; seed 2: 2.5; mean 2.25, sd 0.35; the reward model on
@@ -120,11 +120,18 @@ def test_table_only_regenerates_from_the_results(tmp_path, capsys):
     assert '| offline PPO (kl_coef) | +2.00 | +2.50 | +2.25 ± 0.35 (2 seeds) | 45.0 % ± 0.0 |' in text
     # online less offline, paired by seed: +0.5 on seed 1, 0 on seed 2: more on one of two seeds
     assert '| online PPO, 3 retrains (kl_coef) | +0.50 | +0.00 | +0.25 ± 0.35 (2 seeds) | 1 of 2 |' in text
-    assert 'frontier: ppo at 6 nats: +2.25 ± 0.35 (seeds: +2.00, +2.50)' in capsys.readouterr().out
+    # the second budget, its own section: 3 nats lies between (2, 0.5) and (4, 1.5) on seed 1, (2, 1.0) and (4, 2.0)
+    # on seed 2; the reward model 0.55 between 0.6 and 0.5
+    at_3 = text[text.index('### Gain at 3 nats'):text.index('### Every point')]
+    assert '| offline PPO (kl_coef) | +1.00 | +1.50 | +1.25 ± 0.35 (2 seeds) | 55.0 % ± 0.0 |' in at_3
+    printed = capsys.readouterr().out
+    assert 'frontier: ppo at 6 nats: +2.25 ± 0.35 (seeds: +2.00, +2.50)' in printed
+    assert 'frontier: ppo at 3 nats: +1.25 ± 0.35 (seeds: +1.00, +1.50)' in printed
     assert len((out / 'frontier.jsonl').read_text().splitlines()) == 12 and (tmp_path / 'frontier.png').is_file()
     summary = readme.read_text()
     assert summary.startswith(f'# Readme\n{table.SUMMARY_BEGIN}\n') and summary.endswith(f'{table.SUMMARY_END}\nrest\n')
     assert '+2.25 ± 0.35 (2 seeds)' in summary and '![gain against KL](frontier.png)' in summary and 'old' not in summary
+    assert '+1.25 ± 0.35' not in summary  # the README: the first budget only
     readme.write_text('# A README without the markers\n')
     frontier(tmp_path, arms='ppo', seeds='1,2', table_only=True, readme=str(readme))
     assert readme.read_text() == '# A README without the markers\n'
@@ -139,6 +146,8 @@ def test_gain_at_does_not_extrapolate():
 @pytest.mark.parametrize('options, message', [
     (dict(arms='ppo,sft'), '--arms ppo,sft: sft is not an arm (choose from: ppo, online, best_of_n, dpo)'),
     (dict(seeds='1,x'), '--seeds 1,x: a comma-separated list of ints'),
+    (dict(kl_budget='6,x'), '--kl_budget 6,x: a comma-separated list of floats'),
+    (dict(kl_budget='6,0'), '--kl_budget 6,0: KLs in nats, each above 0'),
     (dict(arms='ppo', points='dpo=0.1'), '--points dpo=0.1: dpo is not in --arms'),
     (dict(arms='best_of_n', points='best_of_n=3,4'), '--points best_of_n=3,4: n must be positive powers of 2'),
     (dict(arms='ppo', points='ppo'), '--points ppo: each part is ARM=V1,V2,... with ARM one of'),

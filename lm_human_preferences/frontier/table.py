@@ -3,8 +3,9 @@
     <out>/frontier.jsonl     one row a point: arm, seed, knob, value, gain ± se, KL ± se (measured, or best-of-n's
                              bound), PPO's objective/kl, the reward model's accuracy on the initial policy's samples
                              and on the trained policy's, the command that made it
-    <out>/frontier.md        the table in Markdown, and each arm's gain at the KL budget (default 6 nats) per seed,
-                             interpolated on that seed's frontier, with their mean ± standard deviation over seeds
+    <out>/frontier.md        the table in Markdown, and each arm's gain at each KL budget (default 6 nats, the
+                             miniature's target, and 12, twice it) per seed, interpolated on that seed's frontier,
+                             with their mean ± standard deviation over seeds
     figure                   gain against KL, one colour an arm: each seed's points and the mean curve
     doc                      the Markdown between the doc's markers replaced (the rest of the doc is kept)
 """
@@ -157,7 +158,7 @@ def summary(rows, budget):
     return '\n'.join(lines) + '\n'
 
 
-def markdown(rows, budget, *, command, figure=None):
+def markdown(rows, kl_budgets, *, command, figure=None):
     lines = [f'Made by `{command}` from its runs\' results. Gain: VADER\'s score of the trained policy\'s samples less '
              f'the initial policy\'s, in standard deviations of the initial policy\'s scores (± its standard error); KL: '
              f'KL(π ‖ ρ) in nats a response, measured on the test queries\' samples as PPO\'s objective/kl (best-of-n: '
@@ -165,8 +166,10 @@ def markdown(rows, budget, *, command, figure=None):
              f'policy\'s samples → of the trained policy\'s (the distributional shift).', '']
     if figure:
         lines += [f'![gain against KL]({figure})', '']
-    lines += [f'### Gain at {budget:g} nats, interpolated on each seed\'s frontier', '', summary(rows, budget).rstrip('\n')]
-    lines += ['', '### Every point', '', '| arm | seed | knob | gain ± se | KL (nats) | PPO objective/kl | RM: initial → '
+    for budget in kl_budgets:
+        lines += [f'### Gain at {budget:g} nats, interpolated on each seed\'s frontier', '',
+                  summary(rows, budget).rstrip('\n'), '']
+    lines += ['### Every point', '', '| arm | seed | knob | gain ± se | KL (nats) | PPO objective/kl | RM: initial → '
               'trained samples | command |', '|---|---|---|---|---|---|---|---|']
     for r in rows:
         kl = f"{r['kl']:.2f} ± {r['kl_se']:.2f}" if r['kl_kind'] == 'measured' else f"≤ {r['kl']:.2f} (bound)"
@@ -176,9 +179,9 @@ def markdown(rows, budget, *, command, figure=None):
     return '\n'.join(lines) + '\n'
 
 
-def plot(rows, path, *, budget, title):
+def plot(rows, path, *, kl_budgets, title):
     """Gain against KL: each seed's points (marker by seed), each arm's mean curve over seeds (the points of the same
-    knob value averaged), the budget marked."""
+    knob value averaged), the budgets marked."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -199,7 +202,8 @@ def plot(rows, path, *, budget, title):
         ax.plot([m[0] for m in mean], [m[1] for m in mean], '-', color=COLOURS[arm], lw=2, label=LABELS[arm])
     for i, seed in enumerate(seeds):
         ax.plot([], [], markers[i % len(markers)], color='grey', label=f'seed {seed}')
-    ax.axvline(budget, color='grey', ls=':', lw=1)
+    for budget in kl_budgets:
+        ax.axvline(budget, color='grey', ls=':', lw=1)
     # A log axis: the knobs span 2 to 10 nats, but a run can land far past them (online PPO at a small kl_coef: 38
     # nats), which on a linear axis squeezes every other point into its left third. symlog only if a KL is <= 0.
     kls = [r['kl'] for r in rows]
@@ -220,31 +224,32 @@ def plot(rows, path, *, budget, title):
     os.replace(tmp, path)
 
 
-def write(out, *, arms, budget, command, figure, doc, readme=None):
+def write(out, *, arms, kl_budgets, command, figure, doc, readme=None):
     """The table (frontier.jsonl, frontier.md under out), the figure, the doc's table and the readme's summary
-    (where it has the SUMMARY markers) from the finished runs; returns the rows."""
+    (where it has the SUMMARY markers: the first budget's) from the finished runs; returns the rows."""
     rows = collect(out, arms)
     if not rows:
         print(f'frontier: no finished run in {out} yet: nothing to tabulate')
         return rows
     files.atomic_write(os.path.join(out, 'frontier.jsonl'), ''.join(json.dumps(r) + '\n' for r in rows).encode())
     title = f'{command}: {len(rows)} points'
-    plot(rows, figure, budget=budget, title=title)
+    plot(rows, figure, kl_budgets=kl_budgets, title=title)
     relative = os.path.relpath(figure, os.path.dirname(os.path.abspath(doc))) if doc else figure
-    text = markdown(rows, budget, command=command, figure=relative)
+    text = markdown(rows, kl_budgets, command=command, figure=relative)
     files.atomic_write(os.path.join(out, 'frontier.md'), text.encode())
     if doc:
         replace_section(doc, text)
     if readme and os.path.isfile(readme) and SUMMARY_BEGIN in open(readme).read():
         figure_there = os.path.relpath(figure, os.path.dirname(os.path.abspath(readme)))
-        replace_section(readme, f'Made by `{command}` ({len(rows)} points). The gain at {budget:g} nats, interpolated on '
-                                f'each seed\'s frontier:\n\n{summary(rows, budget)}\n![gain against KL]({figure_there})\n',
+        replace_section(readme, f'Made by `{command}` ({len(rows)} points). The gain at {kl_budgets[0]:g} nats, interpolated '
+                                f'on each seed\'s frontier:\n\n{summary(rows, kl_budgets[0])}\n![gain against KL]({figure_there})\n',
                         SUMMARY_BEGIN, SUMMARY_END)
-    for arm, entry in budget_table(rows, budget).items():
-        seeds = ', '.join(_seed_cells(entry['seeds'], entry['seeds']))
-        mean = 'out of range' if entry['mean'] is None else f"{entry['mean']:+.2f}" + (
-            f" ± {entry['std']:.2f}" if entry['std'] is not None else '')
-        print(f'frontier: {arm} at {budget:g} nats: {mean} (seeds: {seeds})')
+    for budget in kl_budgets:
+        for arm, entry in budget_table(rows, budget).items():
+            seeds = ', '.join(_seed_cells(entry['seeds'], entry['seeds']))
+            mean = 'out of range' if entry['mean'] is None else f"{entry['mean']:+.2f}" + (
+                f" ± {entry['std']:.2f}" if entry['std'] is not None else '')
+            print(f'frontier: {arm} at {budget:g} nats: {mean} (seeds: {seeds})')
     print(f'frontier: {len(rows)} points in {os.path.join(out, "frontier.jsonl")} and {os.path.join(out, "frontier.md")}'
           f'; the plot in {figure}' + (f'; the table in {doc}' if doc else ''))
     return rows

@@ -114,8 +114,9 @@ def frontier_command(train_policy, train_reward, policy_experiments):
         PPO (3 retrains, the same labels budget), best-of-n by the reward model and DPO (TRL's DPOTrainer, the
         `baselines` extra) on each seed's initial model and labels, each at several KL budgets (--points
         'ppo=2,4,6;dpo=1,0.4': KL targets, n, betas), then the table (<out>/frontier.md, .jsonl), the plot and
-        each arm's gain at each of --kl_budget's KLs (nats; the first in the README). One progress line a run; rerun the same command to resume (finished
-        runs are kept, a stopped one resumes). --table_only: the table and plot from the finished runs, in seconds.
+        each arm's gain at each of --kl_budget's KLs (nats; the first in the README). One progress line a run; rerun
+        the same command to resume (finished runs are kept, a stopped one resumes). --table_only: the table and plot
+        from the finished runs, in seconds.
         --dotted.hparams go to every run (train_policy's names; rewards.train_new_model.* to the reward models)."""
         from lm_human_preferences.frontier import sweep, table
         if exp not in offline_experiments.PACKAGES:

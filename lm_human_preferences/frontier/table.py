@@ -241,8 +241,9 @@ def write(out, *, arms, kl_budgets, command, figure, doc, readme=None):
         replace_section(doc, text)
     if readme and os.path.isfile(readme) and SUMMARY_BEGIN in open(readme).read():
         figure_there = os.path.relpath(figure, os.path.dirname(os.path.abspath(readme)))
-        replace_section(readme, f'Made by `{command}` ({len(rows)} points). The gain at {kl_budgets[0]:g} nats, interpolated '
-                                f'on each seed\'s frontier:\n\n{summary(rows, kl_budgets[0])}\n![gain against KL]({figure_there})\n',
+        first = kl_budgets[0]
+        replace_section(readme, f'Made by `{command}` ({len(rows)} points). The gain at {first:g} nats, interpolated on '
+                                f'each seed\'s frontier:\n\n{summary(rows, first)}\n![gain against KL]({figure_there})\n',
                         SUMMARY_BEGIN, SUMMARY_END)
     for budget in kl_budgets:
         for arm, entry in budget_table(rows, budget).items():

@@ -122,11 +122,15 @@ def _seed_cells(values, seeds):
     return ['–' if values.get(s) is None else f'{values[s]:+.2f}' for s in seeds]
 
 
-def _mean_cell(entry):
+def _mean(entry):
+    """A spread's mean ± sd (the sd only with two values or more), or that the budget is out of its range."""
     if entry['mean'] is None:
         return 'out of its range'
-    return f"{entry['mean']:+.2f}" + (f" ± {entry['std']:.2f}" if entry['std'] is not None else '') + \
-        f" ({entry['n']} seed{'s' if entry['n'] != 1 else ''})"
+    return f"{entry['mean']:+.2f}" + (f" ± {entry['std']:.2f}" if entry['std'] is not None else '')
+
+
+def _mean_cell(entry):
+    return _mean(entry) + ('' if entry['mean'] is None else f" ({entry['n']} seed{'s' if entry['n'] != 1 else ''})")
 
 
 def summary(rows, budget):
@@ -248,9 +252,7 @@ def write(out, *, arms, kl_budgets, command, figure, doc, readme=None):
     for budget in kl_budgets:
         for arm, entry in budget_table(rows, budget).items():
             seeds = ', '.join(_seed_cells(entry['seeds'], entry['seeds']))
-            mean = 'out of range' if entry['mean'] is None else f"{entry['mean']:+.2f}" + (
-                f" ± {entry['std']:.2f}" if entry['std'] is not None else '')
-            print(f'frontier: {arm} at {budget:g} nats: {mean} (seeds: {seeds})')
+            print(f'frontier: {arm} at {budget:g} nats: {_mean(entry)} (seeds: {seeds})')
     print(f'frontier: {len(rows)} points in {os.path.join(out, "frontier.jsonl")} and {os.path.join(out, "frontier.md")}'
           f'; the plot in {figure}' + (f'; the table in {doc}' if doc else ''))
     return rows

@@ -30,7 +30,7 @@ from lm_human_preferences.utils.command_line import ConfigError
 # landed at 6 nats offline and at 10-16 online (docs/labeling.md): four for online PPO, ~17 minutes a run;
 # for best-of-n up to 2,048 samples, whose bound is 6.63 nats (10 nats would take 60,000 samples a query); for DPO
 # (the costliest arm, ~50 minutes a run on one core), three betas: on seed 1 beta 1 went to 2.5 nats and 0.1 to 18.3
-# (KL ~ 2.5 beta^-0.87), so 0.4 and 0.2 for about 5.5 and 10.
+# (KL ~ 2.5 beta^-0.87), so 0.4 and 0.2 for about 5.5 and 10 (they landed at 6.3-7.7 and 10.7-13 on seeds 1-3).
 # PPO's 0.1 and 0.07 (12 to 16 nats) go on toward where online PPO's 0.15 lands (15 to 38): the two compared at 12 too.
 DEFAULT_POINTS = dict(ppo=(0.3, 0.25, 0.21, 0.17, 0.13, 0.1, 0.07), online=(0.4, 0.3, 0.21, 0.15),
                       best_of_n=(4, 16, 64, 256, 1024, 2048), dpo=(1, 0.4, 0.2))

@@ -15,7 +15,7 @@ MIRRORED = [
      "the same `sample` command (+ `export` to Hugging Face, `plot`, `best_of_n`; `sample`'s checks: "
      "`lm_human_preferences/sample_commands.py`)"),
     ('lm_human_preferences/train_reward.py', 'lm_human_preferences/train_reward.py',
-     "+ held-out accuracy (`training/reward_evaluation.py`), resume; the label files' checks "
+     "+ held-out accuracy (`training/reward_evaluation.py`), resume; the label files' checks and tensors "
      "(`training/label_files.py`), the loss over the ranks side by side (`training/reward_loss.py`)"),
     ('lm_human_preferences/train_policy.py', 'lm_human_preferences/train_policy.py',
      'PPO math factored into `compute_rewards`, `compute_advantages`, `ppo_loss` so it is unit-testable; + resume'),
@@ -75,7 +75,7 @@ OTHER_MODULES = [
     ('—', '`lm_human_preferences/training/memory.py`',
      "new: the memory a run's passes need (calibrated on `benchmarks/memory.py`), for `run.microbatch_size auto`"),
     ('—', '`lm_human_preferences/training/run_checks.py`', 'new: the values a run cannot use, one line each at launch'),
-    ('—', '`lm_human_preferences/training/label_files.py`', "new: train_reward's label files read, checked, fingerprinted"),
+    ('—', '`lm_human_preferences/training/label_files.py`', "new: train_reward's label files read, checked, fingerprinted, stacked"),
     ('—', '`lm_human_preferences/training/reward_loss.py`, `reward_evaluation.py`',
      "new: the reward model's loss over the ranks side by side, in microbatches; its held-out loss and accuracy"),
     ('—', '`lm_human_preferences/training/side_by_side.py`',
@@ -166,11 +166,13 @@ NOT_PORTED = {
         "TF graph plumbing: `core.sync_params` is called in `train` itself": ['train.<locals>.sync_models'],
     },
     'lm_human_preferences/rewards.py': {
-        "TF's lazy graph building and variable scopes: an nn.Module is built in `__init__`, loaded by "
-        "`TrainedModel.init_model`, its parameters are `.parameters()`":
+        "TF's lazy graph building and variable scopes: an nn.Module is built in `__init__`, its parameters are "
+        "`.parameters()`":
             ['RewardModelTrainer._build', 'RewardModelTrainer.ensure_built', 'RewardModelTrainer.get_params',
-             'RewardModelTrainer._set_initializers', 'TrainedRewardModel._build', 'TrainedRewardModel.ensure_built',
-             'TrainedRewardModel._set_initializers', 'TrainedRewardModel.get_params'],
+             'RewardModelTrainer._set_initializers'],
+        "the same, and the trained one is loaded by `TrainedModel.init_model`":
+            ['TrainedRewardModel._build', 'TrainedRewardModel.ensure_built', 'TrainedRewardModel._set_initializers',
+             'TrainedRewardModel.get_params'],
     },
     'lm_human_preferences/policy.py': {
         "TF's lazy graph building and variable scopes: an nn.Module is built in `__init__`, its parameters are "
@@ -181,9 +183,9 @@ NOT_PORTED = {
         'dropout plumbing: the original trained and sampled without dropout (`do_dropout` False everywhere)':
             ['dropout', 'dropout.<locals>._dropout'],
         "attention by `F.scaled_dot_product_attention` with an additive mask built once per call (PORTING.md: "
-        "`multihead_attn`); the heads split and merged by `view`/`transpose` in `Attention.forward`":
-            ['split_states', 'merge_states', 'softmax', 'attn.<locals>.split_heads', 'attn.<locals>.merge_heads',
-             'attn.<locals>.mask_attn_weights', 'attn.<locals>.multihead_attn'],
+        "`multihead_attn`)": ['softmax', 'attn.<locals>.mask_attn_weights', 'attn.<locals>.multihead_attn'],
+        'the heads split and merged by `view`/`transpose` in `Attention.forward`':
+            ['split_states', 'merge_states', 'attn.<locals>.split_heads', 'attn.<locals>.merge_heads'],
         'graph plumbing: torch has no gradient-to-tensor conversion, and `nn.Embedding` / `F.linear` do the rest; '
         'heads are a `ScalarHead`':
             ['convert_gradient_to_tensor', 'embed', 'tensordot', 'fc_layer'],

@@ -72,10 +72,6 @@ def _mean_std(mean, std):
     return f'{mean:.4g} +- {std:.4g}'
 
 
-def _numpy_dtype(torch_dtype):
-    return torch.empty((), dtype=torch_dtype).numpy().dtype
-
-
 def download_labels(source, label_type, question_schemas, total_labels, *, n_vocab, padding_token):
     """Ours: returns (train, held_out), dicts of name -> CPU tensor [n, *schema.shape]: the first total_labels
     records and those after them, to evaluate on (held_out None when there are none; the original returned the
@@ -89,17 +85,12 @@ def download_labels(source, label_type, question_schemas, total_labels, *, n_voc
             print('Num labels found in source:', len(results))
     else:
         results = [
-            {name: np.zeros(schema.shape, dtype=_numpy_dtype(schema.dtype)) for name, schema in schemas.items()}
+            {name: np.zeros(schema.shape, dtype=label_files.numpy_dtype(schema.dtype))
+             for name, schema in schemas.items()}
             for _ in range(50)
         ]
         check(results, 'test labels')
-
-    def stack(records):
-        if not records:
-            return None
-        return {k: torch.from_numpy(np.asarray([r[k] for r in records], dtype=_numpy_dtype(s.dtype)))
-                for k, s in schemas.items()}
-    return stack(results[:total_labels]), stack(results[total_labels:])
+    return label_files.stack(results[:total_labels], schemas), label_files.stack(results[total_labels:], schemas)
 
 
 class RewardModelTrainer():

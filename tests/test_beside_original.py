@@ -21,10 +21,11 @@ PORTING = (REPO_ROOT / 'PORTING.md').read_text()
 # long lines; characters would charge the port for the comment the guide asks at each TF -> torch difference
 # and for torch's longer names; code tokens (comments and layout aside) measure the code whatever its line
 # lengths, and the lines (comments included) with our lines past 120 columns no more than the original's bound
-# the rest. The trainers and core.py are held to 1.3x; the files below hold named additions (PORTING.md).
+# the rest. The trainers and core.py are held to 1.3x (train_reward.py to 1.25x, issue #59); the files below
+# hold named additions (PORTING.md).
 MAX_RATIO = {
     'lm_human_preferences/train_policy.py': 1.3,
-    'lm_human_preferences/train_reward.py': 1.3,
+    'lm_human_preferences/train_reward.py': 1.25,
     'lm_human_preferences/utils/core.py': 1.3,
     'sample.py': 1.5,
     'launch.py': 1.6,
@@ -90,14 +91,13 @@ def test_every_original_definition_is_paired_or_has_its_reason():
 
 def test_porting_md_holds_the_map():
     """PORTING.md's module map, renamed names and not-ported tables are porting_map.py's, as it prints them; the
-    rest of PORTING.md is explanation: no line of prose over 400 characters (the full rows are
+    rest of PORTING.md is explanation. No line, printed or written, over 400 bytes (the full rows are
     docs/porting_notes.md's)."""
     tables = porting_map.markdown().split('\n\n')
     assert len(tables) == 3
     missing = [t.splitlines()[0] for t in tables if t not in PORTING]
     assert not missing, f'PORTING.md differs from `python -m lm_human_preferences.porting_map`: {missing}'
-    generated = set(porting_map.markdown().splitlines())
-    assert not [line[:80] for line in PORTING.splitlines() if len(line) > 400 and line not in generated]
+    assert not [line[:80] for line in PORTING.splitlines() if len(line.encode()) > 400]
 
 
 def _table(porting, heading):

@@ -1,10 +1,13 @@
 """Ours: the label files train_reward reads (the original's format, a JSON array of records): read, checked
 record by record before any training (label_types.validate_labels), and identified for the run's save dir (their
-fingerprint and where they came from), so that a rerun on other labels is refused."""
+fingerprint and where they came from), so that a rerun on other labels is refused; the records as tensors."""
 
 import hashlib
 import json
 import os
+
+import numpy as np
+import torch
 
 from lm_human_preferences import label_types
 from lm_human_preferences.utils import gcs
@@ -52,6 +55,19 @@ def check_records(records, where, *, schemas, total_labels, n_vocab, padding_tok
     label_types.validate_labels(records, schemas, n_vocab=n_vocab, padding_token=padding_token, source=where)
     if len(records) < total_labels:
         raise ValueError(f'label file {where} has {len(records)} records, but labels.num_train is {total_labels}')
+
+
+def numpy_dtype(torch_dtype):
+    return torch.empty((), dtype=torch_dtype).numpy().dtype
+
+
+def stack(records, schemas):
+    """The records (checked) as train_reward's labels: a dict of name -> CPU tensor [n, *schema.shape] in the
+    schema's dtype; None when there are none."""
+    if not records:
+        return None
+    return {k: torch.from_numpy(np.asarray([r[k] for r in records], dtype=numpy_dtype(s.dtype)))
+            for k, s in schemas.items()}
 
 
 def label_source(source):

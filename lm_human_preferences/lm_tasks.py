@@ -115,11 +115,12 @@ def _single_token(encoder, text, name):
     return tokens[0]
 
 
-def make_query_sampler(*, hparams: TaskHParams, encoder, batch_size: int, mode='train'):
+def make_query_sampler(*, hparams: TaskHParams, encoder, batch_size: int, mode='train', device=None):
     """A function returning dict(tokens=LongTensor [batch_size, query_length]) on utils.get_device(): the
     next batch of the queries of the rank whose section calls it (the original's `comm` is the ranks this
     process carries, utils/ranks.py; the sampler's TF `scope` argument is gone). Made outside the rank
-    sections: preparing the dataset is collective over processes."""
+    sections: preparing the dataset is collective over processes. Ours: device, where the tokens go instead
+    (the question maker's: its policies', which a caller may have put elsewhere)."""
     if hparams.start_text:
         start_token = _single_token(encoder, hparams.start_text, 'start_text')
     else:
@@ -134,7 +135,7 @@ def make_query_sampler(*, hparams: TaskHParams, encoder, batch_size: int, mode='
         sequence_length=hparams.query_length, mode=mode, encoder=encoder,
         start_token=start_token, end_token=end_token,
     )
-    device = utils.get_device()
+    device = device or utils.get_device()
 
     def sampler():
         context_tokens = data.next_batch(batch_size).to(device)

@@ -595,6 +595,24 @@ def task_pad():
     return encodings.Test.get_encoder().padding_token
 
 
+def test_questions_are_drawn_on_the_policys_device_whatever_the_command_device(corpus, monkeypatch):
+    """The question maker reads its queries and draws its responses on its policies' device, not on the device the
+    command would pick (utils.get_device: CUDA on a GPU machine, where a CPU policy once met CUDA queries and a CUDA
+    generator). 'meta' stands in for a command's device that is not the policy's: nothing may be read or drawn
+    there."""
+    task = tiny_task(corpus)
+    policy = tiny_policy(task)
+    with ranks.carry(1):
+        expected = questions.QuestionSource(task=task, label_type='best_of_2', policy=policy, size=8, seed=3).batch(0)
+        monkeypatch.setattr(questions.lm_tasks.utils, 'get_device', lambda: torch.device('meta'))
+        made = questions.QuestionSource(task=task, label_type='best_of_2', policy=policy, size=8, seed=3).batch(0)
+        elsewhere = tiny_policy(task).to('meta')
+        with pytest.raises(ValueError, match=r'^validation questions sample both policies on one device: the policy '
+                                             r'is on cpu, the initial policy on meta$'):
+            questions.QuestionSource(task=task, label_type='best_of_2', policy=policy, initial=elsewhere)
+    assert made == expected and len(made) == 8
+
+
 def test_validation_questions_set_half_of_pi_beside_half_of_rho_in_shuffled_places(corpus):
     task = tiny_task(corpus)
     rho = tiny_policy(task)

@@ -19,7 +19,6 @@ import torch
 
 from lm_human_preferences import lm_tasks
 from lm_human_preferences.labeling import store as label_store
-from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import ranks
 
 # Draws of a response that fails the filter before its query is dropped (at a pass rate of 20 %, 0.8 ** 32:
@@ -68,10 +67,10 @@ def sample_responses(policy, queries, count, *, length, generator, postprocess, 
     return samples, ~failing().any(dim=1)
 
 
-def batch_generator(seed, *keys):
-    """A torch generator on the device for the batch named by keys (e.g. a round and a batch index)."""
+def batch_generator(device, seed, *keys):
+    """A torch generator on device (the policies') for the batch named by keys (e.g. a round and a batch index)."""
     digest = hashlib.sha256('|'.join(map(str, (seed,) + keys)).encode()).digest()
-    return torch.Generator(device=utils.get_device()).manual_seed(int.from_bytes(digest[:8], 'little') >> 1)
+    return torch.Generator(device=device).manual_seed(int.from_bytes(digest[:8], 'little') >> 1)
 
 
 class QuestionSource:
@@ -80,7 +79,8 @@ class QuestionSource:
     policy.Policy modules of the task. Batch i takes the queries at positions first_query + i * size, ... of the
     task's query stream of split `mode` (rank 0's share, under --mpi N). filtered: only responses passing the task's
     filter (people); False: as the offline experiments' labels, every postprocessed response (a program rates
-    any). Made on every process (the query data may be prepared, a collective); batches on rank 0's."""
+    any). Made on every process (the query data may be prepared, a collective); batches on rank 0's, on the
+    policies' device (the command's, whatever device the query stream returns its tokens on)."""
 
     def __init__(self, *, task, label_type, policy, initial=None, size=16, first_query=0, seed=0, filtered=True,
                  execution=None, origin=None, mode='train'):
@@ -90,6 +90,10 @@ class QuestionSource:
             raise ValueError(f'validation questions take as many responses from each policy: label type '
                              f'{label_type} compares {len(self.keys)}')
         self.policy, self.initial = policy, initial
+        self.device = policy.model.wte.device
+        if initial is not None and initial.model.wte.device != self.device:
+            raise ValueError(f'validation questions sample both policies on one device: the policy is on '
+                             f'{self.device}, the initial policy on {initial.model.wte.device}')
         self.encoder = policy.encoder
         self.postprocess = lm_tasks.postprocess_fn_from_hparams(task, self.encoder.padding_token)
         self.passes = lm_tasks.filter_fn_from_hparams(task) if filtered else None
@@ -97,7 +101,8 @@ class QuestionSource:
         self.execution = execution
         self.origin = origin
         # The stream has no way to seek: queries are read one at a time and dropped up to the one wanted.
-        self.sampler = lm_tasks.make_query_sampler(hparams=task, encoder=self.encoder, batch_size=1, mode=mode)
+        self.sampler = lm_tasks.make_query_sampler(hparams=task, encoder=self.encoder, batch_size=1, mode=mode,
+                                                   device=self.device)
         self.read = 0  # queries read from the stream
         self.dropped = 0  # queries dropped: a response kept failing the filter
 
@@ -118,7 +123,7 @@ class QuestionSource:
         """Question batch number `index` (made in order): dicts of the label type's question fields (token ids
         as lists), `origin`, and `pi_samples` in the validation form; fewer than size when queries were dropped."""
         queries = self._queries(index)
-        draw = dict(length=self.task.response_length, generator=batch_generator(self.seed, index),
+        draw = dict(length=self.task.response_length, generator=batch_generator(self.device, self.seed, index),
                     postprocess=self.postprocess, passes=self.passes, execution=self.execution)
         if self.initial is None:
             samples, ok = sample_responses(self.policy, queries, len(self.keys), **draw)

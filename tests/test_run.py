@@ -78,10 +78,13 @@ def test_lock_is_reentrant_in_one_process(tmp_path):
     assert not (tmp_path / '.lock').exists()  # removed when released
 
 
-def test_the_launcher_refuses_a_save_dir_in_use_before_any_worker_starts(tmp_path):
+def test_the_launcher_refuses_a_save_dir_in_use_before_any_worker_starts(tmp_path, monkeypatch):
     """A second command on a live save dir is one line from the launcher, naming the holder, before it starts
-    a process (it once came from the workers, seconds later, with a torch warning)."""
-    from lm_human_preferences.utils import launch
+    a process (it once came from the workers, seconds later, with a torch warning). The same line on any machine:
+    here one GPU for --procs 2 (the GPU count is refused last; it once came first on a GPU machine)."""
+    from lm_human_preferences.utils import launch, workers
+    monkeypatch.setattr(workers, '_backend', lambda: 'nccl')
+    monkeypatch.setattr(workers.torch.cuda, 'device_count', lambda: 1)
 
     def never(hparams):
         raise AssertionError('a worker started')
@@ -93,6 +96,8 @@ def test_the_launcher_refuses_a_save_dir_in_use_before_any_worker_starts(tmp_pat
         with pytest.raises(launch.ConfigError, match=rf"^{tmp_path / 'live'} is in use by another run \(pid "
                                                      rf"{os.getpid()} on .*give this run another NAME"):
             launch.launch_trials('live', never, [trial], train_policy.HParams, mpi=2, procs=2, save_dir=str(tmp_path))
+    with pytest.raises(launch.ConfigError, match=r'^live: --procs 2 needs one GPU per process, but only 1 GPUs'):
+        launch.launch_trials('live', never, [trial], train_policy.HParams, mpi=2, procs=2, save_dir=str(tmp_path))
 
 
 def test_a_run_that_fails_before_its_first_state_leaves_nothing(tmp_path, monkeypatch):

@@ -32,12 +32,14 @@ def launch(name, f, *, mpi=1, procs=None) -> None:
         if procs != int(os.environ['WORLD_SIZE']):
             raise ConfigError(f'{name}: --procs {procs}, but torchrun started {os.environ["WORLD_SIZE"]} processes')
         workers.check_mpi_and_procs(name, mpi, procs)
+        workers.check_gpus(name, procs)
         if dist.is_initialized():
             workers.run_ranks(f, mpi)
         else:
             workers.run_in_group(f, mpi)
         return
     workers.check_mpi_and_procs(name, mpi, procs)
+    workers.check_gpus(name, procs)
     if procs == 1:
         workers.run_ranks(f, mpi)
         return
@@ -89,6 +91,8 @@ def launch_trials(name, fn, trials, hparam_class, extra_hparams=None, dry_run=Fa
         else:
             workers.check_before_start(job_name, hparams)  # ours: wandb, and the save dir not in use
             jobs.append(partial(launch, job_name, partial(fn, hparams), mpi=mpi, procs=procs))
+    if not dry_run:  # last: a command is refused for the same reason whatever the machine's GPUs
+        workers.check_gpus(name, procs)
     # The original ran local jobs one at a time too (it asserted there was only one).
     for job in jobs:
         job()

@@ -181,7 +181,8 @@ def default_procs(mpi):
 
 
 def check_mpi_and_procs(name, mpi, procs):
-    """One-line ConfigErrors for rank and process counts that cannot work (before anything starts)."""
+    """One-line ConfigErrors for rank and process counts that cannot work on any machine (before anything
+    starts); check_gpus says what this machine cannot carry."""
     if mpi < 1:
         raise ConfigError(f'{name}: --mpi {mpi}: the number of ranks must be at least 1')
     if procs < 1:
@@ -190,6 +191,11 @@ def check_mpi_and_procs(name, mpi, procs):
         divisors = [p for p in range(1, mpi + 1) if mpi % p == 0]
         raise ConfigError(f'{name}: --procs {procs} must divide --mpi {mpi} (each process carries the same '
                           f'number of ranks): choose --procs from {divisors}')
+
+
+def check_gpus(name, procs):
+    """A one-line ConfigError when this machine has fewer GPUs than `procs` NCCL processes need. Checked after
+    everything else a command can refuse, so that a command is refused for the same reason on any machine."""
     if 'WORLD_SIZE' not in os.environ and procs > 1 and _backend() == 'nccl' and procs > torch.cuda.device_count():
         raise ConfigError(f'{name}: --procs {procs} needs one GPU per process, but only '
                           f'{torch.cuda.device_count()} GPUs are visible (fewer processes carry more ranks each)')

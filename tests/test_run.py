@@ -17,7 +17,7 @@ from lm_human_preferences import train_policy, train_reward
 from lm_human_preferences.language import checkpoints
 from lm_human_preferences.training import (execution, plots, progress, run, run_compatibility, run_folders, state_files,
                                           stats_log, train_state)
-from lm_human_preferences.utils import finite, optional_deps, stopping
+from lm_human_preferences.utils import cpu, finite, optional_deps, stopping
 from conftest import env, write_labels
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -295,6 +295,16 @@ def test_save_dir_through_a_file_via_the_command_line(tmp_path):
 
 # ---- the console ----
 
+# What a command's first line says it runs on (utils/cpu.describe): a CPU's threads, kernels and bf16 products, or
+# the GPU, e.g. 'cuda:0 (NVIDIA H200)'
+RUNS_ON = r'(CPU \(\d+ threads?, \w+ kernels, bf16 (native|not native: .+)\)|cuda:\d+ \(.+\))'
+
+
+def test_the_first_lines_device_reads_a_cpu_or_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda device=None: 'NVIDIA H200')
+    assert re.fullmatch(RUNS_ON, cpu.describe('cpu')) and re.fullmatch(RUNS_ON, cpu.describe('cuda:0'))
+
+
 def test_progress_summary_and_one_line_missing_heads(tmp_path, capsys):
     save_dir = tmp_path / 'run'
     train_policy.train(policy_hparams(save_dir))
@@ -311,7 +321,7 @@ def test_progress_summary_and_one_line_missing_heads(tmp_path, capsys):
     assert f'  sample:       python sample.py sample --save_dir {save_dir} --nsamples 8' in out
     assert f'  tensorboard:  tensorboard --logdir {save_dir}/tb' in out
     assert '\nhparams:\n' not in out and 'model_hparams:' not in out  # a short summary, not the full dumps
-    assert re.search(r'train_policy: 1 rank in 1 process on CPU \(\d+ threads?, \w+ kernels, bf16 (native|not native: .+)\); saving to', out)
+    assert re.search(rf'train_policy: 1 rank in 1 process on {RUNS_ON}; saving to', out)
 
 
 def start_cli(argv, **env_overrides):
@@ -600,7 +610,7 @@ def test_reward_progress_and_summary(tmp_path, capsys):
     assert re.search(r'\ntrain_reward done: 2 steps in \d+s; loss [\d.]+', out), out
     assert f'  model:        {save_dir}/reward_model/checkpoints/model-2.safetensors' in out
     assert f'  tensorboard:  tensorboard --logdir {save_dir}/tb' in out
-    assert re.search(r'train_reward: 1 rank in 1 process on CPU \(\d+ threads?, \w+ kernels, bf16 (native|not native: .+)\); saving to', out)
+    assert re.search(rf'train_reward: 1 rank in 1 process on {RUNS_ON}; saving to', out)
 
 
 def test_fresh_heads_are_one_line_once(tmp_path, capsys):

@@ -63,7 +63,7 @@ def frontier(tmp_path, **options):
 def test_dpo_round_trip_and_best_of_n(tmp_path, toy_demo, capsys):
     pytest.importorskip('trl', reason="the frontier's dpo arm needs the baselines extra: pip install -e '.[baselines]'")
     # a rate high enough that 6 steps move the toy model measurably
-    frontier(tmp_path, arms='best_of_n,dpo', points='best_of_n=2,4;dpo=0.1', dpo_learning_rate=0.03)
+    frontier(tmp_path, arms='best_of_n,dpo', points='best_of_n=2,4;dpo=0.1', lr='dpo=0.03')
     out = capsys.readouterr().out
     seed_dir = tmp_path / 'out' / 'seed1'
     # the seed's reward model, trained once for both arms, and the initial model exported for TRL
@@ -73,24 +73,38 @@ def test_dpo_round_trip_and_best_of_n(tmp_path, toy_demo, capsys):
     assert export['encoding'] == 'test'
     # DPOTrainer trained on the seed's training labels alone (16 best-of-4 labels: 48 pairs, one pass of 8 a step),
     # saved a Hugging Face folder that our import reads back (the `test` tokenizer) and that the report scored.
-    trained = json.loads((seed_dir / 'dpo-beta0.1' / 'policy_hf' / 'trained.json').read_text())
+    run = seed_dir / 'dpo-beta0.1-lr0.03'  # a rate other than DPO's default names its run
+    trained = json.loads((run / 'policy_hf' / 'trained.json').read_text())
     assert trained['pairs'] == 48 and trained['steps'] == 6 and trained['beta'] == 0.1
+    assert trained['final_loss'] > 0 and 0 <= trained['final_pair_accuracy'] <= 1
     from safetensors.torch import load_file
-    before, after = (load_file(str(seed_dir / folder / 'model.safetensors')) for folder in ('initial_hf', 'dpo-beta0.1/policy_hf'))
+    before, after = (load_file(str(folder / 'model.safetensors')) for folder in (seed_dir / 'initial_hf', run / 'policy_hf'))
     assert set(before) <= set(after) and any(not bool((before[k] == after[k]).all()) for k in before)  # it trained
     from lm_human_preferences.language import hf_import
-    assert hf_import.read_encoding(str(seed_dir / 'dpo-beta0.1' / 'policy_hf'),
-                                   hf_import.read_hparams(str(seed_dir / 'dpo-beta0.1' / 'policy_hf'))).name == 'test'
+    assert hf_import.read_encoding(str(run / 'policy_hf'), hf_import.read_hparams(str(run / 'policy_hf'))).name == 'test'
     rows = [json.loads(line) for line in (tmp_path / 'out' / 'frontier.jsonl').read_text().splitlines()]
     assert [(r['arm'], r['value']) for r in sorted(rows, key=lambda r: (r['arm'], r['value']))] == [
         ('best_of_n', 2), ('best_of_n', 4), ('dpo', 0.1)]
     dpo_row = next(r for r in rows if r['arm'] == 'dpo')
-    assert dpo_row['kl_kind'] == 'measured' and dpo_row['kl'] > 0 and dpo_row['gain_se'] > 0
+    assert dpo_row['kl_kind'] == 'measured' and dpo_row['kl'] > 0 and dpo_row['gain_se'] > 0 and dpo_row['lr'] == 0.03
+    # the demo's task has no filter: every labelled pair kept; DPO's loss and pair accuracy kept with the point
+    assert dpo_row['pairs'] == dict(kept=48, flipped=0, dropped=0) and dpo_row['dpo_final_loss'] == trained['final_loss']
+    # one baseline for the seed, stored, which every arm's gain is against
+    baseline = json.loads((seed_dir / 'baseline' / sweep.DONE).read_text())['baseline']
+    assert len(baseline['scores']) == toy_demo.eval_queries
+    assert all(r['baseline_mean'] == baseline['mean'] and r['baseline_std'] == baseline['std'] for r in rows)
+    # best-of-n on the same test queries as the other arms (the toy's 4), its gain in the baseline's unit
+    assert all(r['queries'] == 4 for r in rows if r['arm'] == 'best_of_n')
+    # each run's command makes it again from the repository
+    done = json.loads((run / sweep.DONE).read_text())
+    assert done['command'].startswith("python launch.py frontier demo --arms dpo --seeds 1 --points 'dpo=0.1' --lr "
+                                      "'dpo=0.03'") and '$OUT/seed1/initial_hf' in done['trainer_command']
     assert 0 <= dpo_row['rm_initial'] <= 1 and 0 <= dpo_row['rm_trained'] <= 1
     bound = [r['kl'] for r in rows if r['arm'] == 'best_of_n']
     assert bound == pytest.approx([0.5 * 0 + (0.6931471805599453 - 0.5), 1.3862943611198906 - 0.75])
     assert re.search(r'^\[frontier 1/2\] best_of_n seed 1: 2: [+-][\d.]+ ± [\d.]+ sd at 0\.19 nats; 4: ', out, re.M), out
-    assert re.search(r'^\[frontier 2/2\] dpo seed 1 beta 0\.1: [+-][\d.]+ ± [\d.]+ sd at [\d.]+ nats \(RM ', out, re.M)
+    assert re.search(r'^\[frontier 2/2\] dpo seed 1 beta 0\.1 lr 0\.03: [+-][\d.]+ ± [\d.]+ sd at [\d.]+ nats \(RM ', out,
+                     re.M)
     assert (tmp_path / 'frontier.png').stat().st_size > 0 and table.BEGIN in (tmp_path / 'frontier.md').read_text()
 
 
@@ -144,7 +158,14 @@ def test_gain_at_does_not_extrapolate():
 
 
 @pytest.mark.parametrize('options, message', [
-    (dict(arms='ppo,sft'), '--arms ppo,sft: sft is not an arm (choose from: ppo, online, best_of_n, dpo)'),
+    (dict(arms='ppo,sft'), '--arms ppo,sft: sft is not an arm (choose from: ppo, ppo_nofilter, ppo_4x, online, '
+                           'best_of_n, dpo)'),
+    (dict(arms='ppo', lr='dpo=1e-4'), '--lr dpo=1e-4: dpo is not in --arms'),
+    (dict(arms='ppo', lr='ppo=x'), '--lr ppo=x: a comma-separated list of floats'),
+    (dict(arms='ppo', lr='best_of_n=1'), '--lr best_of_n=1: each part is ARM=R1,R2,... with ARM one of'),
+    (dict(arms='ppo', labels='8,12'), '--labels 8,12: each count at most labels.num_train (16) and a multiple of the '
+                                      'reward batch_size (8)'),
+    (dict(arms='ppo', labels='0'), '--labels 0: counts of training labels, each at least 1'),
     (dict(seeds='1,x'), '--seeds 1,x: a comma-separated list of ints'),
     (dict(kl_budget='6,x'), '--kl_budget 6,x: a comma-separated list of floats'),
     (dict(kl_budget='6,0'), '--kl_budget 6,0: KLs in nats, each above 0'),
@@ -209,16 +230,18 @@ def test_a_killed_sweep_resumes_the_killed_run_and_repeats_none(tmp_path):
     assert again.stdout.count('done earlier') == 3, again.stdout[-2000:]
 
 
-def test_dpo_cpu_tiles_keep_trls_log_probs_and_gradients():
+def test_dpo_cpu_tiles_keep_trls_log_probs_and_gradients(monkeypatch):
     """dpo.cpu_tiles only regroups TRL's fused LM head (tiles a core's cache holds): the same log-probabilities, entropy
     and gradients as TRL's own tiles, at sizes where both cut the tokens and the vocabulary into several tiles; TRL's
-    settings restored after. The installed TRL must have the settings, or the DPO arm silently runs 3x slower."""
+    settings restored after. The installed TRL must have the settings, or the DPO arm silently runs 3x slower. On the
+    CPU whatever the machine (on CUDA cpu_tiles leaves TRL's Triton kernels as they are)."""
     pytest.importorskip('trl', reason="the frontier's dpo arm needs the baselines extra: pip install -e '.[baselines]'")
     import torch
     import transformers
     import trl.kernels.chunked_logprob as kernel
     import trl.trainer.utils as trl_utils
     from lm_human_preferences.frontier import dpo
+    monkeypatch.setattr(dpo.utils, 'get_device', lambda: torch.device('cpu'))
     default = (kernel.TOKEN_CHUNK_SIZE, trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE)
     tile = (64, 384)
     torch.manual_seed(0)
@@ -257,3 +280,133 @@ def test_dpo_pairs_are_the_labels_as_export_labels_pairs_them():
     record['sample3'] = record['sample3'] + [encoder.padding_token]
     rows = dpo.preference_rows([record], task, 'test', 'best_of_4')
     assert rows == dict(prompt=['q:ab>'] * 3, chosen=['e.e'] * 3, rejected=['x', 'y', 'z'])
+
+
+def test_dpo_pairs_follow_ppos_objective_under_the_filter():
+    """PPO's score gives a response that fails the task's filter (no '.' at or after truncate_after) the penalty: DPO's
+    pairs follow it. The labelled best passes: its pairs as labelled; the best fails and the other passes: flipped;
+    both fail: dropped (one penalty each, no preference)."""
+    from lm_human_preferences.frontier import dpo
+    from lm_human_preferences.language import encodings
+    from lm_human_preferences.lm_tasks import TaskHParams
+    encoder = encodings.Test.get_encoder()
+    task = TaskHParams(truncate_token=encoder.encode('.')[0], truncate_after=1, penalty_reward_value=0)
+    texts = ('ab.', 'abc', 'a.', 'zz')  # pass, fail, pass, fail
+    def record(best):
+        return dict(query=encoder.encode('q'), best=best, **{f'sample{i}': encoder.encode(t) for i, t in enumerate(texts)})
+    rows, counts = dpo.preference_rows([record(0), record(1)], task, 'test', 'best_of_4')
+    # best 0 (passes) against 1, 2, 3: kept; best 1 (fails) against 0 and 2 (pass): flipped, against 3 (fails): dropped
+    assert list(zip(rows['chosen'], rows['rejected'])) == [('ab.', 'abc'), ('ab.', 'a.'), ('ab.', 'zz'),
+                                                           ('ab.', 'abc'), ('a.', 'abc')]
+    assert counts == dict(kept=3, flipped=2, dropped=1)
+    # without the filter (ppo_nofilter's objective) every pair is as labelled
+    rows, counts = dpo.preference_rows([record(1)], dataclasses.replace(task, filter_responses=False), 'test',
+                                       'best_of_4')
+    assert rows['chosen'] == ['abc'] * 3 and counts == dict(kept=3, flipped=0, dropped=0)
+
+
+def test_ppos_score_is_what_best_of_n_picks_by():
+    """Best-of-n ranks by PPO's score (train_policy.make_score_fn: the reward model's score, penalty_reward_value for a
+    response that fails the filter; report.best_of_n_rows's ppo_score column), and its gain is in the seed's baseline's
+    unit, each tier against the initial policy's mean on its own queries."""
+    import torch
+    from lm_human_preferences import train_policy
+    from lm_human_preferences.frontier import evaluate
+    from lm_human_preferences.lm_tasks import TaskHParams
+
+    class Scores:  # a reward model that likes the failing response best
+        padding_token = 0
+        def score_fn(self, queries, responses):
+            return torch.tensor([5.0, 1.0, -1.0])
+    task = TaskHParams(truncate_token=9, truncate_after=1, penalty_reward_value=0)
+    responses = torch.tensor([[1, 2, 3], [1, 9, 3], [1, 2, 9]])  # fails, passes, passes
+    score, _, _ = train_policy.make_score_fn(task, Scores())(torch.zeros(3, 1, dtype=torch.long), responses)
+    assert score.tolist() == [0.0, 1.0, -1.0] and int(score.argmax()) == 1  # the failing 5.0 scores the penalty
+    score, _, _ = train_policy.make_score_fn(dataclasses.replace(task, filter_responses=False), Scores())(
+        torch.zeros(3, 1, dtype=torch.long), responses)
+    assert score.tolist() == [5.0, 1.0, -1.0]
+
+    calls = []
+    def rows(exp, hparams, *, n, queries, seed):
+        calls.append((n, queries))
+        return ([dict(k=k, reward_model_pick=9.0, reward_model_pick_std=1.0, ppo_score_pick=2.0 + k / 1000,
+                      ppo_score_pick_std=0.5) for k in (1, 2, 4, 8)], torch.full((queries, n), 1.0 + n / 1000))
+    original = evaluate.best_of_n_rows, evaluate.reward_model_on_samples, evaluate.ALL_QUERIES_MAX_N
+    try:
+        evaluate.best_of_n_rows = rows
+        evaluate.reward_model_on_samples = lambda *a, **k: dict(rm_accuracy_initial_samples=0.6)
+        evaluate.ALL_QUERIES_MAX_N = 2
+        hparams = type('H', (), dict(task=task))()
+        points = evaluate.best_of_n_points(None, hparams, [2, 4, 8], 'dir', queries=16, seed=1,
+                                           baseline=dict(std=2.0, mean=0.0))
+    finally:
+        evaluate.best_of_n_rows, evaluate.reward_model_on_samples, evaluate.ALL_QUERIES_MAX_N = original
+    # n <= 2 on all 16 queries; 4 and 8 on 16 x 2 / 8 = 4 queries (as many samples)
+    assert calls == [(2, 16), (8, 4)]
+    assert [p['queries'] for p in points] == [16, 4, 4]
+    assert [p['gain'] for p in points] == pytest.approx([(2.002 - 1.002) / 2, (2.004 - 1.008) / 2, (2.008 - 1.008) / 2])
+    assert points[0]['gain_se'] == pytest.approx(0.5 / 2 / 4)
+
+
+def toy_sweep(tmp_path, **options):
+    """A Sweep of the toy demo whose commands are never called (what it plans, names and checks)."""
+    return sweep.Sweep('demo', str(tmp_path / 'out'), arms=['ppo', 'best_of_n', 'dpo'], seeds=[1],
+                       points=sweep.parse_points(None, ['ppo', 'best_of_n', 'dpo']), train_policy=None,
+                       train_reward=None, bound={'rewards.train_new_model.labels.num_train': 16,
+                                                 'rewards.train_new_model.batch_size': 8, 'ppo.lr': 1e-4},
+                       extra={}, best_of_n_queries=4, dpo_options={}, **options)
+
+
+def test_the_label_axis_trains_on_a_prefix_and_holds_out_the_same_labels(tmp_path, toy_demo):
+    """--labels 8: the first 8 of the seed's 16 training labels, and the same 8 held out after them (train_reward holds
+    out the records past labels.num_train); its runs named for the count, the default count's not."""
+    s = toy_sweep(tmp_path, labels=[8, 16])
+    assert s.labels == [8, None]
+    names = [s.run_name(run) for run in s.runs()]
+    assert 'ppo-kl_coef0.3-labels8' in names and 'ppo-kl_coef0.3' in names and 'best_of_n-labels8' in names
+    assert names.index('ppo-kl_coef0.3-labels8') < names.index('ppo-kl_coef0.3')  # the fewest labels first
+    records = [dict(query=[i], sample0=[i], best=0) for i in range(16 + 8)]
+    reward_dir = tmp_path / 'out' / 'seed1' / 'reward'
+    reward_dir.mkdir(parents=True)
+    (reward_dir / 'demo_labels.json').write_text(json.dumps(records))
+    made = json.loads(Path(s.label_prefix_file(1, 8)).read_text())
+    assert made == records[:8] + records[16:]
+
+
+def test_a_reward_model_of_other_settings_or_labels_is_refused(tmp_path, toy_demo, monkeypatch):
+    """A finished reward model in --out is reused only if made with this sweep's hparams, from the labels and the
+    initial model it was made from: else one line, and nothing is trained."""
+    s = toy_sweep(tmp_path)
+    reward_dir = tmp_path / 'out' / 'seed1' / 'reward'
+    reward_dir.mkdir(parents=True)
+    fingerprints = {'labels': 'a' * 64, 'initial model': 'b' * 64}
+    monkeypatch.setattr(sweep.Sweep, 'reward_fingerprints', lambda self, d: dict(fingerprints))
+    def done(hparams):
+        (reward_dir / sweep.DONE).write_text(json.dumps(dict(
+            identity=dict(experiment='demo', seed=1, hparams=hparams), fingerprints=dict(fingerprints), points=[])))
+    done({'run.seed': '1'})
+    s.ensure_reward_model(1)  # the same: reused (train_reward is None: it would fail if called)
+    done({'run.seed': '1', 'lr': '0.1'})
+    with pytest.raises(ValueError, match=r'reward is a reward model of other settings \(.*lr.*this sweep'):
+        s.ensure_reward_model(1)
+    done({'run.seed': '1'})
+    fingerprints['labels'] = 'c' * 64  # the labels file changed since
+    with pytest.raises(ValueError, match=r"was trained on other labels than .*'s labels now \(sha256 aaaaaaaaaaaa, now "
+                                         r"cccccccccccc\)"):
+        s.ensure_reward_model(1)
+
+
+def test_a_resumed_runs_time_sums_its_processes(tmp_path):
+    """A run killed and resumed: its seconds are the first process's (to its last write before the second started)
+    plus the second's."""
+    run_dir = tmp_path / 'run'
+    first = sweep.start_attempt(str(run_dir))
+    (run_dir / 'state.json').write_text('{}')
+    os.utime(run_dir / 'state.json', (first + 100, first + 100))  # its last write, 100 s in; then killed
+    attempts = json.loads((run_dir / sweep.ATTEMPTS).read_text())
+    (run_dir / sweep.ATTEMPTS).write_text(json.dumps([first - 1000]))  # it started 1,000 s before this
+    os.utime(run_dir / 'state.json', (first - 900, first - 900))  # and last wrote 100 s in
+    second = sweep.start_attempt(str(run_dir))
+    assert len(attempts) == 1
+    seconds = sweep.attempts_seconds(str(run_dir), second)
+    assert 100 <= seconds < 100 + (time.time() - second) + 1

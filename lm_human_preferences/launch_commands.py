@@ -107,13 +107,17 @@ launch_export_labels.option_help = dict(out=command_line.REQUIRED)
 
 def frontier_command(train_policy, train_reward, policy_experiments):
     """launch.py's `frontier` command, running launch.py's train_policy and train_reward commands."""
-    def launch_frontier(exp, arms='ppo,online,best_of_n,dpo', seeds='1,2,3', points=None, out=None, kl_budget='6,12',
-                        table_only=False, figure=None, doc=None, readme=None, best_of_n_queries=64,
-                        dpo_learning_rate=1e-4, dpo_batch_size=64, dpo_epochs=1, **extra_hparams):
+    def launch_frontier(exp, arms='ppo,ppo_nofilter,online,best_of_n,dpo', seeds='1,2,3', points=None, lr=None,
+                        labels=None, out=None, kl_budget='6,12', table_only=False, figure=None, doc=None, readme=None,
+                        best_of_n_queries=1024, dpo_batch_size=64, dpo_epochs=1, **extra_hparams):
         """Ours: the reward-KL frontier of an offline experiment (lm_human_preferences/frontier/): offline PPO, online
-        PPO (3 retrains, the same labels budget), best-of-n by the reward model and DPO (TRL's DPOTrainer, the
-        `baselines` extra) on each seed's initial model and labels, each at several KL budgets (--points
-        'ppo=2,4,6;dpo=1,0.4': KL targets, n, betas), then the table (<out>/frontier.md, .jsonl), the plot and
+        PPO (3 retrains, the same labels budget), best-of-n and DPO (TRL's DPOTrainer, the `baselines` extra) on each
+        seed's initial model and labels, all on PPO's objective (the reward model's score, the task's filter's penalty),
+        offline PPO also without the filter (ppo_nofilter) and with 4x the episodes (ppo_4x, not in the default arms),
+        each at several KL budgets (--points 'ppo=0.3,0.2;dpo=1,0.4': kl_coefs, n, betas), at each of --lr's rates
+        ('ppo=6e-4,1.2e-3;dpo=1e-4,3e-4'; default: each arm's own) and --labels' counts of training labels (1024,4096:
+        the first N of the same labels, the same held out; ppo*, best_of_n and dpo), then the table (<out>/frontier.md,
+        .jsonl), the plot and
         each arm's gain at each of --kl_budget's KLs (nats; the first in the README). One progress line a run; rerun
         the same command to resume (finished runs are kept, a stopped one resumes). --table_only: the table and plot
         from the finished runs, in seconds.
@@ -125,6 +129,10 @@ def frontier_command(train_policy, train_reward, policy_experiments):
         arm_list = sweep.parse_list('arms', arms, str, allowed=sweep.ARMS)
         seed_list = sweep.parse_list('seeds', seeds, int)
         point_lists = sweep.parse_points(points, arm_list)
+        rates = sweep.parse_lr(lr, arm_list)
+        label_counts = None if labels is None else sweep.parse_list('labels', labels, int)
+        if label_counts is not None and min(label_counts) < 1:
+            raise ConfigError(f'--labels {labels}: counts of training labels, each at least 1')
         kl_budgets = sweep.parse_list('kl_budget', kl_budget, float)
         if min(kl_budgets) <= 0:
             raise ConfigError(f'--kl_budget {kl_budget}: KLs in nats, each above 0')
@@ -139,18 +147,20 @@ def frontier_command(train_policy, train_reward, policy_experiments):
         readme = readme or (os.path.join(repo, 'README.md') if exp == 'sentiment_mini' else None)
         command = ' '.join(['python launch.py frontier', exp, f'--arms {",".join(arm_list)}',
                             f'--seeds {",".join(map(str, seed_list))}'] + ([f"--points '{points}'"] if points else [])
+                           + ([f"--lr '{lr}'"] if lr else []) + ([f'--labels {labels}'] if labels else [])
                            + [f'--{k} {v}' for k, v in extra_hparams.items()])
         if not table_only:
             bound = {k: v for k, v, _ in get_trials(policy_experiments(), 'frontier', exp)[0] if k is not None}
             sweep.Sweep(exp, out, arms=arm_list, seeds=seed_list, points=point_lists, train_policy=train_policy,
                         train_reward=train_reward, bound=bound, extra=extra_hparams,
-                        best_of_n_queries=best_of_n_queries,
-                        dpo_options=dict(learning_rate=dpo_learning_rate, batch_size=dpo_batch_size,
-                                         epochs=dpo_epochs)).run_all()
+                        best_of_n_queries=best_of_n_queries, lrs=rates, labels=label_counts,
+                        dpo_options=dict(batch_size=dpo_batch_size, epochs=dpo_epochs)).run_all()
         table.write(out, arms=arm_list, kl_budgets=kl_budgets, command=command, figure=figure, doc=doc,
                     readme=readme)
 
     launch_frontier.option_help = dict(points='every arm its defaults (frontier/sweep.py)',
+                                       lr="each arm's own (the experiment's ppo.lr; DPO's 1e-4)",
+                                       labels='labels.num_train alone',
                                        out='<tmp>/save/frontier/EXP', figure='static/frontier_EXP.png',
                                        doc='docs/frontier.md for sentiment_mini, none for another',
                                        readme="README.md's summary for sentiment_mini, none for another")

@@ -15,6 +15,9 @@ import dataclasses
 import json
 import os
 
+import torch
+
+from lm_human_preferences import lm_tasks
 from lm_human_preferences.labeling import export, store
 from lm_human_preferences.language import encodings
 from lm_human_preferences.utils import core as utils
@@ -26,6 +29,7 @@ LEARNING_RATE = 1e-4
 BATCH_SIZE = 64  # pairs a step
 EPOCHS = 1
 SAVE_STEPS = 100  # a stopped run resumes from its last checkpoint
+LOG_STEPS = 10  # the loss and pair accuracy of the last tenth of a run (training_summary) from ~8 rows
 TRAINED = 'trained.json'  # written once the trained model is saved: the folder is whole
 # TRL's fused LM head, on a device without Triton (a CPU), scores the vocabulary in tiles of 4096 tokens x 32768
 # entries: ~0.4 GB of fp32 on the miniature that each of its dozen elementwise passes reads from memory. Tiles of a
@@ -36,17 +40,38 @@ CPU_TILE = (256, 512)  # (tokens, vocabulary entries)
 
 def preference_rows(records, task, encoding, label_type):
     """{prompt, chosen, rejected} lists of best_of_N / scalar_compare label records (the original's JSON format,
-    token ids) as texts, the prompt with the task's query prefix and suffix, as labeling/export.py writes them."""
+    token ids) as texts, the prompt with the task's query prefix and suffix, as labeling/export.py writes them; and
+    {pairs kept as labelled, flipped, dropped} under the objective PPO maximizes (objective_pair)."""
     encoder = encodings.get(encoding).get_encoder()
     sample_keys, label_key = store.sample_keys(label_type), store.label_key(label_type)
-    rows = dict(prompt=[], chosen=[], rejected=[])
+    passes = lm_tasks.filter_fn_from_hparams(task)
+    rows, counts = dict(prompt=[], chosen=[], rejected=[]), dict(kept=0, flipped=0, dropped=0)
     for record in records:
         prompt = task.query_prefix + encoder.decode(record['query']) + task.query_suffix
         for better, worse in export.label_pairs(label_key, sample_keys, record):
+            pair, outcome = objective_pair(better, worse, passes=lambda key: bool(passes(torch.tensor([record[key]]))))
+            counts[outcome] += 1
+            if pair is None:
+                continue
             rows['prompt'].append(prompt)
-            rows['chosen'].append(encoder.decode(record[better]))
-            rows['rejected'].append(encoder.decode(record[worse]))
-    return rows
+            rows['chosen'].append(encoder.decode(record[pair[0]]))
+            rows['rejected'].append(encoder.decode(record[pair[1]]))
+    return rows, counts
+
+
+def objective_pair(better, worse, *, passes):
+    """The labelled pair (better, worse) under PPO's score (train_policy.make_score_fn: the reward model's score, or
+    penalty_reward_value for a response that fails the task's filter), as best-of-n picks (evaluate.py): a response
+    that fails the filter loses to one that passes whatever the label says ('flipped'); two that fail score the same
+    penalty, no preference ('dropped'); two that pass keep the label's order ('kept'). passes(key): the sample's
+    verdict (the records hold postprocessed samples, which the filter judges as PPO's score does). Returns ((chosen,
+    rejected) or None, outcome)."""
+    better_passes, worse_passes = passes(better), passes(worse)
+    if better_passes:
+        return (better, worse), 'kept'
+    if worse_passes:
+        return (worse, better), 'flipped'
+    return None, 'dropped'
 
 
 def check_installed():
@@ -111,7 +136,7 @@ def train(initial_hf, rows, out_dir, work_dir, *, beta, seed, learning_rate=LEAR
     config = dpo_config(output_dir=work_dir, beta=beta, learning_rate=learning_rate,
                         per_device_train_batch_size=batch_size, num_train_epochs=epochs, seed=seed,
                         lr_scheduler_type='linear',  # decayed to 0, as our trainers' rates
-                        save_strategy='steps', save_steps=SAVE_STEPS, save_total_limit=1, logging_steps=SAVE_STEPS,
+                        save_strategy='steps', save_steps=SAVE_STEPS, save_total_limit=1, logging_steps=LOG_STEPS,
                         report_to='none', disable_dropout=True, max_length=model.config.n_positions,
                         gradient_checkpointing=False,  # TRL's default recomputes every forward: memory a small model
                                                        # does not need, for a third more time
@@ -123,7 +148,18 @@ def train(initial_hf, rows, out_dir, work_dir, *, beta, seed, learning_rate=LEAR
     with cpu_tiles():
         trainer.train(resume_from_checkpoint=get_last_checkpoint(work_dir) if os.path.isdir(work_dir) else None)
     trainer.save_model(out_dir)
-    logged = [row for row in trainer.state.log_history if 'loss' in row]
     files.atomic_write(os.path.join(out_dir, TRAINED), json.dumps(dict(
         beta=beta, pairs=len(rows['prompt']), steps=trainer.state.global_step,
-        last_logged=logged[-1] if logged else None)).encode())
+        **training_summary(trainer.state.log_history))).encode())
+
+
+def training_summary(log_history):
+    """DPO's loss and pair accuracy (TRL's rewards/accuracies: the share of a batch's pairs whose chosen response the
+    policy's implicit reward puts above the rejected) over the last tenth of its logged steps, and the last row."""
+    logged = [row for row in log_history if 'loss' in row]
+    tail = logged[-max(1, len(logged) // 10):]
+    def mean(key):
+        values = [row[key] for row in tail if key in row]
+        return sum(values) / len(values) if values else None
+    return dict(final_loss=mean('loss'), final_pair_accuracy=mean('rewards/accuracies'),
+                last_logged=logged[-1] if logged else None)

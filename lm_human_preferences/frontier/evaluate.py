@@ -1,7 +1,8 @@
 """Ours: one frontier point of a policy, by the offline experiments' report (offline/report.py: the labeler's gain in
 standard deviations of the initial policy's scores, the reward model's accuracy on the initial and the trained
 policy's samples) and the KL of the trained policy from the initial one, measured the same way for every arm; and
-best-of-n's points. One process."""
+best-of-n's points. Every arm's gain is against one baseline a seed (seed_baseline: the initial policy's scores on
+the test queries, computed once and stored). One process."""
 
 import math
 
@@ -13,6 +14,9 @@ from lm_human_preferences.offline.labels import frozen_policy, rank_generator
 from lm_human_preferences.offline.report import best_of_n_rows, reward_model_on_samples, sample_scores, score_report
 
 KL_BATCH = 256  # queries sampled at a time for the KL
+# Best-of-n: every n up to this on all the test queries; a larger n on a prefix of them with as many samples (n x
+# queries) in all, so that its last points cost what the first do.
+ALL_QUERIES_MAX_N = 256
 
 
 @torch.no_grad()
@@ -35,36 +39,58 @@ def measured_kl(exp, task, initial, trained, *, seed):
     return float(kl.mean()), float(kl.std() / math.sqrt(len(kl)))
 
 
-def policy_point(exp, hparams, trained, run_dir, *, seed, report=None):
+def seed_baseline(exp, task, *, seed):
+    """The initial policy's scores by the labeler on exp.eval_queries test queries (one response each, sampled as the
+    report samples: sample_scores, the seed's stream), the unit and origin of every arm's gain on this seed:
+    {scores, mean, std, queries}."""
+    scores, _ = sample_scores(exp, task.policy.initial_model, task, seed=seed)
+    return dict(scores=scores.tolist(), mean=float(scores.mean()), std=float(scores.std(unbiased=False)),
+                queries=len(scores))
+
+
+def policy_point(exp, hparams, trained, run_dir, *, seed, baseline, report=None):
     """The frontier's columns of a trained policy (a model dir or Hugging Face folder) against
     hparams.task.policy.initial_model, with hparams.rewards.trained_model (or the online loop's last) as the reward
-    model: from report, its run's report when it has one (the same functions, the same seed), else computed."""
+    model: the labeler's gain over the seed's baseline (seed_baseline) in its standard deviations, as the report's
+    score_report computes it; the reward model's accuracies from report, its run's report when it has one (the same
+    functions, the same seed), else computed."""
     task = hparams.task
+    after, _ = sample_scores(exp, trained, task, seed=seed)
+    scored = score_report(exp.labeler, torch.tensor(baseline['scores'], dtype=torch.float64), after)
     if report is None:
-        before, _ = sample_scores(exp, task.policy.initial_model, task, seed=seed)
-        after, _ = sample_scores(exp, trained, task, seed=seed)
-        report = dict(score_report(exp.labeler, before, after),
-                      **reward_model_on_samples(exp, hparams, run_dir, seed=seed, trained=trained))
+        report = reward_model_on_samples(exp, hparams, run_dir, seed=seed, trained=trained)
     kl, kl_se = measured_kl(exp, task, task.policy.initial_model, trained, seed=seed)
     key = exp.labeler.name
-    return dict(gain=report[f'{key}_gain_initial_stds'], gain_se=report[f'{key}_gain_initial_stds_se'],
-                kl=kl, kl_se=kl_se, kl_kind='measured', kl_objective=report.get('kl'),
-                rm_initial=report['rm_accuracy_initial_samples'], rm_trained=report['rm_accuracy_trained_samples'])
+    return dict(gain=scored[f'{key}_gain_initial_stds'], gain_se=scored[f'{key}_gain_initial_stds_se'],
+                trained_mean=scored[f'{key}_trained_mean'], kl=kl, kl_se=kl_se, kl_kind='measured',
+                kl_objective=report.get('kl'), rm_initial=report['rm_accuracy_initial_samples'],
+                rm_trained=report['rm_accuracy_trained_samples'])
 
 
-def best_of_n_points(exp, hparams, ns, run_dir, *, queries, seed):
-    """The frontier's points of best-of-n for each n in ns (powers of 2): the labeler's score of the sample the reward
-    model ranks first among n of the initial policy, on `queries` test queries (report.best_of_n_rows), in standard
-    deviations of the initial policy's scores there; its KL the bound log n - (n - 1) / n (best-of-n's KL from the
-    initial policy is at most that, and close to it: Beirami et al. 2024); the reward model's accuracy on the
-    initial policy's samples (its own are the initial policy's, filtered: not measured)."""
-    rows, scores = best_of_n_rows(exp, hparams, n=max(ns), queries=queries, seed=seed)
-    unit, start = float(scores.std(unbiased=False)), float(scores.mean())
+def best_of_n_points(exp, hparams, ns, run_dir, *, queries, seed, baseline):
+    """The frontier's points of best-of-n for each n in ns (powers of 2): the labeler's score of the sample that PPO's
+    score ranks first among n of the initial policy (report.best_of_n_rows's ppo_score: the reward model's score, the
+    task's penalty for a sample that fails its filter, as PPO maximizes), less the mean of all the initial policy's
+    samples of the same queries, in the seed's baseline's standard deviations. n up to ALL_QUERIES_MAX_N on `queries`
+    test queries (the other arms' 1,024), a larger n on the first queries x ALL_QUERIES_MAX_N / n of them (as many
+    samples). Its KL the bound log n - (n - 1) / n (best-of-n's KL from the initial policy is at most that, and close
+    to it: Beirami et al. 2024); the reward model's accuracy on the initial policy's samples (its own are the initial
+    policy's, filtered: not measured)."""
+    unit = baseline['std']
     rm_initial = reward_model_on_samples(exp, hparams, run_dir, seed=seed,
                                          trained=hparams.task.policy.initial_model)['rm_accuracy_initial_samples']
-    by_k = {row['k']: row for row in rows}
-    return [dict(value=n, gain=(by_k[n]['reward_model_pick'] - start) / unit,
-                 gain_se=by_k[n]['reward_model_pick_std'] / unit / math.sqrt(queries),
-                 kl=float(np.log(n) - (n - 1) / n), kl_se=0.0, kl_kind='bound', kl_objective=None,
-                 rm_initial=rm_initial, rm_trained=None)
-            for n in ns]
+    tiers = [[n for n in ns if n <= ALL_QUERIES_MAX_N], [n for n in ns if n > ALL_QUERIES_MAX_N]]
+    points = []
+    for tier in tiers:
+        if not tier:
+            continue
+        tier_queries = max(1, queries * ALL_QUERIES_MAX_N // max(tier)) if max(tier) > ALL_QUERIES_MAX_N else queries
+        rows, scores = best_of_n_rows(exp, hparams, n=max(tier), queries=tier_queries, seed=seed)
+        start = float(scores.mean())  # best-of-1 on these queries: the initial policy's mean there
+        by_k = {row['k']: row for row in rows}
+        points += [dict(value=n, gain=(by_k[n]['ppo_score_pick'] - start) / unit,
+                        gain_se=by_k[n]['ppo_score_pick_std'] / unit / math.sqrt(tier_queries), queries=tier_queries,
+                        kl=float(np.log(n) - (n - 1) / n), kl_se=0.0, kl_kind='bound', kl_objective=None,
+                        rm_initial=rm_initial, rm_trained=None)
+                   for n in tier]
+    return points

@@ -2,19 +2,31 @@
 
     <out>/seed<S>/reward/            the seed's reward model: `launch.py train_reward EXP reward --run.seed S`
                                      (the seed's cached initial model and labels: offline/experiment.py)
+    <out>/seed<S>/reward-labels<N>/  the same on the first N training labels (labels-<N>.json: those and the same
+                                     held-out labels), for the label axis (--labels)
+    <out>/seed<S>/baseline/          the initial policy's scores on the test queries: every arm's gain is against them
     <out>/seed<S>/ppo-kl_coef<C>/    `launch.py train_policy EXP ... --rewards.trained_model <that reward model>
                                      --rewards.train_new_model off --rewards.adaptive_kl off --rewards.kl_coef C`
+    <out>/seed<S>/ppo_nofilter-.../  the same with --task.filter_responses off (every response scored by the model)
+    <out>/seed<S>/ppo_4x-.../        the same with 4 times the episodes
     <out>/seed<S>/online-kl_coef<C>/ `launch.py train_policy EXP ... --online.retrains 3` on the same labels budget
     <out>/seed<S>/best_of_n/         every n at once (the first n samples of the largest n)
     <out>/seed<S>/initial_hf/        the seed's initial model as a Hugging Face folder, for DPO
     <out>/seed<S>/dpo-beta<B>/       TRL's DPOTrainer (trl/: its checkpoints; policy_hf/: the trained model)
+A run of another learning rate or label count than the arm's default has -lr<R> / -labels<N> after its knob's value.
 
 A run is finished when its frontier.json is there (written atomically, last: its points and the command that made
 it). A rerun of the sweep skips the finished runs, and a run stopped midway (a kill -9, the end of a session) is
 resumed, not started again: the trainers resume from their save dirs, DPOTrainer from its last checkpoint. The
 table and the plot are made from the frontier.json files alone (table.py).
+
+One objective for every arm: the score PPO maximizes (train_policy.make_score_fn: the reward model's score, or the
+task's penalty_reward_value for a response that fails its truncation filter). Best-of-n picks by it (evaluate.py), DPO's
+pairs follow it (dpo.objective_pair); ppo_nofilter shows what the filter costs PPO.
 """
 
+import dataclasses
+import hashlib
 import json
 import os
 import shlex
@@ -32,10 +44,18 @@ from lm_human_preferences.utils.command_line import ConfigError
 # (the costliest arm, ~50 minutes a run on one core), three betas: on seed 1 beta 1 went to 2.5 nats and 0.1 to 18.3
 # (KL ~ 2.5 beta^-0.87), so 0.4 and 0.2 for about 5.5 and 10 (they landed at 6.3-7.7 and 10.7-13 on seeds 1-3).
 # PPO's 0.1 and 0.07 (12 to 16 nats) go on toward where online PPO's 0.15 lands (15 to 38): the two compared at 12 too.
-DEFAULT_POINTS = dict(ppo=(0.3, 0.25, 0.21, 0.17, 0.13, 0.1, 0.07), online=(0.4, 0.3, 0.21, 0.15),
+# ppo_nofilter and ppo_4x: offline PPO's kl_coefs around 6 and 12 nats (without the filter, or with 4x the episodes, a
+# kl_coef lands further: the 0.3 keeps a point below 6).
+DEFAULT_POINTS = dict(ppo=(0.3, 0.25, 0.21, 0.17, 0.13, 0.1, 0.07), ppo_nofilter=(0.3, 0.21, 0.13, 0.1, 0.07),
+                      ppo_4x=(0.3, 0.21, 0.13, 0.1, 0.07), online=(0.4, 0.3, 0.21, 0.15),
                       best_of_n=(4, 16, 64, 256, 1024, 2048), dpo=(1, 0.4, 0.2))
 ONLINE_RETRAINS = 3
 REWARD_PREFIX = 'rewards.train_new_model.'  # the reward model's hparams, as train_policy names them
+PPO_ARMS = ('ppo', 'ppo_nofilter', 'ppo_4x')  # offline PPO against the seed's reward model
+# The arms a learning rate (--lr) and a label count (--labels) apply to; the online arm's labels come in rounds.
+LR_ARMS = (*PPO_ARMS, 'online', 'dpo')
+LABEL_ARMS = (*PPO_ARMS, 'best_of_n', 'dpo')
+ATTEMPTS = 'frontier_attempts.json'  # a run's processes' start times, so that a resumed run's time is summed
 
 
 def parse_list(option, value, parse, allowed=None):
@@ -75,18 +95,51 @@ def parse_points(value, arms):
     return points
 
 
+def parse_lr(value, arms):
+    """--lr 'ppo=3e-4,6e-4;dpo=1e-4,3e-4': each named arm's learning rates (the others: the arm's default alone)."""
+    rates = {}
+    for part in (value or '').split(';'):
+        if not part.strip():
+            continue
+        arm, _, values = part.partition('=')
+        arm = arm.strip()
+        if arm not in LR_ARMS or not values:
+            raise ConfigError(f"--lr {value}: each part is ARM=R1,R2,... with ARM one of {', '.join(LR_ARMS)}")
+        if arm not in arms:
+            raise ConfigError(f'--lr {value}: {arm} is not in --arms')
+        try:
+            rates[arm] = parse_list('lr', values, float)
+        except ConfigError as e:
+            raise ConfigError(f'--lr {value}: {str(e).split(": ", 1)[1]}') from None
+        if not all(r > 0 for r in rates[arm]):
+            raise ConfigError(f'--lr {arm}={values}: learning rates must be positive')
+    return rates
+
+
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """One run of the sweep: an arm at a knob's value (None: best-of-n's every n) on a seed; lr and labels None at the
+    arm's defaults (the run's name and identity then as before they existed)."""
+    arm: str
+    seed: int
+    value: object
+    lr: object = None
+    labels: object = None
+
+
 class Sweep:
     """The runs of one frontier, in order, each done once (see the module's docstring). train_policy / train_reward:
     launch.py's commands (called as the command line calls them); bound: the experiment's train_policy bindings
     {key: value}; extra: the command line's hparams, for every run (train_policy's names)."""
 
     def __init__(self, exp_name, out, *, arms, seeds, points, train_policy, train_reward, bound, extra,
-                 best_of_n_queries, dpo_options):
+                 best_of_n_queries, dpo_options, lrs=None, labels=None):
         from lm_human_preferences import offline_experiments
+        from lm_human_preferences.frontier import dpo
         self.exp_name, self.out, self.arms, self.seeds, self.points = exp_name, out, arms, seeds, points
         self.exp = offline_experiments.experiment(exp_name)
         self.train_policy_command, self.train_reward_command = train_policy, train_reward
-        self.extra = dict(extra)
+        self.extra, self.bound = dict(extra), bound
         self.best_of_n_queries, self.dpo_options = best_of_n_queries, dpo_options
         num_train = int(self.extra.get(REWARD_PREFIX + 'labels.num_train', bound[REWARD_PREFIX + 'labels.num_train']))
         batch = int(self.extra.get(REWARD_PREFIX + 'batch_size', bound[REWARD_PREFIX + 'batch_size']))
@@ -94,119 +147,233 @@ class Sweep:
         if 'online' in arms and (num_train % (4 * batch)):
             raise ConfigError(f'the online arm trains on a quarter of labels.num_train ({num_train}) first: it must be '
                               f'a multiple of 4 x the reward batch_size ({batch})')
+        # Each arm's default rate, which names no run: PPO's from the experiment (or the command line), DPO's.
+        self.default_lr = {arm: float(self.policy_bound('ppo.lr')) for arm in (*PPO_ARMS, 'online')}
+        self.default_lr['dpo'] = dpo.LEARNING_RATE
+        self.lrs = {arm: [None if r == self.default_lr[arm] else r for r in rates] for arm, rates in (lrs or {}).items()}
+        labels = list(labels or [num_train])
+        for n in labels:
+            if n > num_train or n % batch:
+                raise ConfigError(f'--labels {",".join(map(str, labels))}: each count at most labels.num_train '
+                                  f'({num_train}) and a multiple of the reward batch_size ({batch})')
+        self.labels = [None if n == num_train else n for n in labels]
         if 'dpo' in arms:
-            from lm_human_preferences.frontier import dpo
             dpo.check_installed()
 
     # ---- the plan
     def runs(self):
-        """(arm, seed, value) of every run, in the order they run: arm by arm (the cheapest first), value by value,
-        seed by seed, so that a partial sweep already holds every seed of the first points; best-of-n is one run a
-        seed (all its n)."""
-        order = [arm for arm in ('ppo', 'best_of_n', 'online', 'dpo') if arm in self.arms]
+        """The Planned runs, in the order they run: arm by arm (the cheapest first), label count by label count (the
+        fewest first), learning rate by rate, value by value, seed by seed, so that a partial sweep already holds every
+        seed of the first points; best-of-n is one run a seed (all its n)."""
+        order = [arm for arm in ('ppo', 'ppo_nofilter', 'best_of_n', 'ppo_4x', 'online', 'dpo') if arm in self.arms]
         plan = []
         for arm in order:
             values = [None] if arm == 'best_of_n' else self.points[arm]
-            plan += [(arm, seed, value) for value in values for seed in self.seeds]
+            counts = sorted(self.labels, key=lambda n: self.num_train if n is None else n) if arm in LABEL_ARMS else [None]
+            plan += [Planned(arm, seed, value, lr, labels) for labels in counts for lr in self.lrs.get(arm, [None])
+                     for value in values for seed in self.seeds]
         return plan
 
     def seed_dir(self, seed):
         return os.path.join(self.out, f'seed{seed}')
 
-    def run_name(self, arm, value):
-        return arm if value is None else f'{arm}-{KNOBS[arm]}{value:g}'
+    def run_name(self, run):
+        return (run.arm if run.value is None else f'{run.arm}-{KNOBS[run.arm]}{run.value:g}') + (
+            '' if run.lr is None else f'-lr{run.lr:g}') + ('' if run.labels is None else f'-labels{run.labels}')
 
-    def reward_dir(self, seed):
-        return os.path.join(self.seed_dir(seed), 'reward')
+    def reward_dir(self, seed, labels=None):
+        return os.path.join(self.seed_dir(seed), 'reward' if labels is None else f'reward-labels{labels}')
 
     # ---- the sweep
     def run_all(self):
         plan = self.runs()
         started = time.time()
-        for i, (arm, seed, value) in enumerate(plan, 1):
-            run_dir = os.path.join(self.seed_dir(seed), self.run_name(arm, value))
-            what = f'[frontier {i}/{len(plan)}] {arm} seed {seed}' + ('' if value is None else f' {KNOBS[arm]} {value:g}')
+        for i, run in enumerate(plan, 1):
+            run_dir = os.path.join(self.seed_dir(run.seed), self.run_name(run))
+            what = (f'[frontier {i}/{len(plan)}] {run.arm} seed {run.seed}'
+                    + ('' if run.value is None else f' {KNOBS[run.arm]} {run.value:g}')
+                    + ('' if run.lr is None else f' lr {run.lr:g}')
+                    + ('' if run.labels is None else f' {run.labels} labels'))
             done = read_done(run_dir)
             if done is None:
-                run_started = time.time()
-                done = self.run(arm, seed, value, run_dir)
-                done['seconds'] = time.time() - run_started
+                this_start = start_attempt(run_dir)
+                done = self.run(run, run_dir)
+                done['seconds'] = attempts_seconds(run_dir, this_start)
                 files.atomic_write(os.path.join(run_dir, DONE), json.dumps(done, indent=2).encode())
                 when = f'{table.minutes(done["seconds"])}'
             else:
-                self.check_same(done, arm, seed, value, run_dir)
+                self.check_same(done, run, run_dir)
                 when = 'done earlier'
             print(f'{what}: {table.points_line(done["points"])} ({when}; {run_dir})', flush=True)
         print(f'frontier: {len(plan)} runs in {self.out}, {table.minutes(time.time() - started)} this time', flush=True)
 
-    def check_same(self, done, arm, seed, value, run_dir):
+    def check_same(self, done, run, run_dir):
         """A finished run of other settings (another experiment, hparams or labels budget) is not this sweep's."""
-        expected = self.identity(arm, seed, value)
+        expected = self.identity(run)
         if done.get('identity') != expected:
             raise ValueError(f'{os.path.join(run_dir, DONE)} is a run of other settings ({done.get("identity")}, this '
                              f'sweep: {expected}): give this sweep another --out, or remove that run')
 
-    def identity(self, arm, seed, value):
-        return dict(experiment=self.exp_name, arm=arm, seed=seed, value=value, hparams=self.extra,
-                    **({'best_of_n_queries': self.best_of_n_queries} if arm == 'best_of_n' else {}),
-                    **({'dpo': self.dpo_options} if arm == 'dpo' else {}))
+    def identity(self, run):
+        return dict(experiment=self.exp_name, arm=run.arm, seed=run.seed, value=run.value, hparams=self.extra,
+                    **({} if run.lr is None else {'lr': run.lr}),
+                    **({} if run.labels is None else {'labels': run.labels}),
+                    # best-of-n and DPO on PPO's objective (the filter's penalty): runs before it are not comparable
+                    **({'best_of_n_queries': self.best_of_n_queries, 'objective': 'ppo_score'}
+                       if run.arm == 'best_of_n' else {}),
+                    **({'dpo': self.dpo_options, 'objective': 'ppo_score'} if run.arm == 'dpo' else {}))
 
-    def run(self, arm, seed, value, run_dir):
-        if arm in ('ppo', 'best_of_n', 'dpo'):
-            self.ensure_reward_model(seed)
-        command, points = getattr(self, f'run_{arm}')(seed, value, run_dir)
-        return dict(identity=self.identity(arm, seed, value), command=command, points=points)
+    def run(self, run, run_dir):
+        if run.arm != 'online':
+            self.ensure_reward_model(run.seed, run.labels)
+        baseline = self.ensure_baseline(run.seed)
+        command, points = getattr(self, f'run_{"ppo" if run.arm in PPO_ARMS else run.arm}')(run, run_dir, baseline)
+        for point in points:
+            point.update(baseline_mean=baseline['mean'], baseline_std=baseline['std'],
+                         **({} if run.lr is None else {'lr': run.lr}),
+                         **({} if run.labels is None else {'labels': run.labels}))
+        return dict(identity=self.identity(run), command=self.frontier_line(run), trainer_command=command,
+                    runs_on=runs_on(), points=points)
 
-    # ---- the seed's reward model
-    def ensure_reward_model(self, seed):
-        reward_dir = self.reward_dir(seed)
-        if read_done(reward_dir) is not None:
-            return
+    def frontier_line(self, run):
+        """The command that makes this run again, from the repository (its --out when that lies inside it; else the
+        default's), with the seed's reward model and baseline."""
+        knob = '' if run.value is None else f" --points '{run.arm}={run.value:g}'"
+        if run.arm == 'best_of_n':
+            knob = f" --points 'best_of_n={','.join(str(n) for n in self.points['best_of_n'])}'"
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        out = os.path.relpath(self.out, repo)
+        return (f'python launch.py frontier {self.exp_name} --arms {run.arm} --seeds {run.seed}{knob}'
+                + ('' if run.lr is None else f" --lr '{run.arm}={run.lr:g}'")
+                + ('' if run.labels is None else f' --labels {run.labels}')
+                + (f' --best_of_n_queries {self.best_of_n_queries}' if run.arm == 'best_of_n' else '')
+                + ''.join(f' --{k} {shlex.quote(str(v))}' for k, v in self.extra.items())
+                + ('' if out.startswith('..') else f' --out {shlex.quote(out)}'))
+
+    # ---- the seed's reward model and baseline
+    def ensure_reward_model(self, seed, labels=None):
+        """The seed's reward model (on its first `labels` training labels, when given), trained once; a finished one
+        is reused only if it was made with this sweep's hparams, from the labels and initial model it was made from
+        (else one line says which differs and nothing runs)."""
+        if labels is not None:
+            self.ensure_reward_model(seed)  # makes the seed's labels
+        reward_dir = self.reward_dir(seed, labels)
         hparams = {k[len(REWARD_PREFIX):]: v for k, v in self.extra.items() if k.startswith(REWARD_PREFIX)}
         hparams['run.seed'] = str(seed)
+        if labels is not None:
+            hparams.update({'labels.source': self.label_prefix_file(seed, labels), 'labels.num_train': str(labels)})
+        identity = dict(experiment=self.exp_name, seed=seed, hparams=hparams)
+        done = read_done(reward_dir)
+        if done is not None:
+            self.check_reward_model(done, identity, reward_dir)
+            return
+        name = os.path.basename(reward_dir)
         print(f'[frontier] seed {seed}: training its reward model into {reward_dir}', flush=True)
-        self.train_reward_command(self.exp_name, 'reward', save_dir=self.seed_dir(seed), **hparams)
+        self.train_reward_command(self.exp_name, name, save_dir=self.seed_dir(seed), **hparams)
         files.atomic_write(os.path.join(reward_dir, DONE), json.dumps(dict(
-            identity=dict(experiment=self.exp_name, seed=seed, hparams=hparams),
-            command=launch_line('train_reward', self.exp_name, 'reward', self.seed_dir(seed), hparams),
+            identity=identity, fingerprints=self.reward_fingerprints(reward_dir),
+            command=launch_line('train_reward', self.exp_name, name, self.seed_dir(seed), hparams, self.out),
             points=[])).encode())
+
+    def check_reward_model(self, done, identity, reward_dir):
+        if done.get('identity') != identity:
+            raise ValueError(f'{reward_dir} is a reward model of other settings ({done.get("identity")}; this sweep: '
+                             f'{identity}): give this sweep another --out, or remove that folder')
+        now = self.reward_fingerprints(reward_dir)
+        for what, fingerprint in done.get('fingerprints', {}).items():
+            if now.get(what) != fingerprint:
+                raise ValueError(f'{reward_dir} was trained on other {what} than {reward_dir}\'s {what} now (sha256 '
+                                 f'{fingerprint[:12]}, now {str(now.get(what))[:12]}): give this sweep another --out, '
+                                 f'or remove that folder')
+
+    def reward_fingerprints(self, reward_dir):
+        """sha256 of the labels a reward model learned from and of its initial model's weights (another CPU, or a
+        cleared cache, pretrains another initial model: its labels and reward model are another seed's)."""
+        from lm_human_preferences.language.trained_models import TrainedModel
+        hparams = _load_hparams('train_reward', os.path.join(reward_dir, 'train_reward_hparams.json'))
+        labels = hparams.labels.source
+        model_dir = hparams.task.policy.initial_model
+        weights = sorted(os.path.join(root, f) for root, _, names in os.walk(model_dir) for f in names
+                         if f.endswith(('.safetensors', '.pt', '.bin')))
+        assert weights, f'no weights in {model_dir} ({TrainedModel.__name__})'
+        return {'labels': file_sha256(labels), 'initial model': file_sha256(*weights)}
+
+    def label_prefix_file(self, seed, labels):
+        """seed<S>/labels-<N>.json: the first N of the seed's training labels and the same held-out labels after
+        them (train_reward holds out the records past labels.num_train), made once."""
+        path = os.path.join(self.seed_dir(seed), f'labels-{labels}.json')
+        if not os.path.isfile(path):
+            with open(os.path.join(self.reward_dir(seed), f'{self.exp.name}_labels.json')) as f:
+                records = json.load(f)
+            held_out = records[self.num_train:]
+            assert len(held_out) == self.exp.held_out_labels, (len(held_out), self.exp.held_out_labels)
+            files.atomic_write(path, json.dumps(records[:labels] + held_out).encode())
+        return path
+
+    def ensure_baseline(self, seed):
+        """seed<S>/baseline/frontier.json: the initial policy's scores on the test queries (evaluate.seed_baseline),
+        made once a seed: the origin and unit of every arm's gain there."""
+        from lm_human_preferences.frontier import evaluate
+        from lm_human_preferences.offline import experiment as offline_engine
+        baseline_dir = os.path.join(self.seed_dir(seed), 'baseline')
+        done = read_done(baseline_dir)
+        if done is None:
+            self.ensure_reward_model(seed)  # the seed's initial model, resolved in its hparams
+            with offline_engine.cpu_threads(self.exp):
+                baseline = evaluate.seed_baseline(self.exp, self.seed_hparams(seed).task, seed=seed)
+            done = dict(identity=dict(experiment=self.exp_name, seed=seed), baseline=baseline, runs_on=runs_on(),
+                        points=[])
+            files.atomic_write(os.path.join(baseline_dir, DONE), json.dumps(done).encode())
+        return done['baseline']
 
     def policy_hparams(self, seed, **more):
         """train_policy's hparams for a run of this seed: the command line's, the seed, then the arm's."""
         return {**self.extra, 'run.seed': str(seed), **{k: str(v) for k, v in more.items()}}
 
     # ---- the arms
-    def run_ppo(self, seed, kl_coef, run_dir):
-        hparams = {k: v for k, v in self.policy_hparams(seed).items() if not k.startswith(REWARD_PREFIX)}
-        hparams.update({'rewards.trained_model': os.path.join(self.reward_dir(seed), 'reward_model'),
+    def run_ppo(self, run, run_dir, baseline):
+        """Offline PPO (and its variants: ppo_nofilter, ppo_4x) at a fixed kl_coef against the seed's reward model."""
+        hparams = {k: v for k, v in self.policy_hparams(run.seed).items() if not k.startswith(REWARD_PREFIX)}
+        hparams.update({'rewards.trained_model': os.path.join(self.reward_dir(run.seed, run.labels), 'reward_model'),
                         'rewards.train_new_model': 'off', 'rewards.adaptive_kl': 'off',
-                        'rewards.kl_coef': str(kl_coef)})
-        return self.trained_policy_point(seed, run_dir, hparams)
+                        'rewards.kl_coef': str(run.value)})
+        if run.arm == 'ppo_nofilter':
+            hparams['task.filter_responses'] = 'false'
+        if run.arm == 'ppo_4x':
+            hparams['ppo.total_episodes'] = str(4 * int(self.policy_bound('ppo.total_episodes')))
+        if run.lr is not None:
+            hparams['ppo.lr'] = str(run.lr)
+        return self.trained_policy_point(run, run_dir, hparams, baseline)
 
-    def run_online(self, seed, kl_coef, run_dir):
+    def run_online(self, run, run_dir, baseline):
         # The same labels budget as offline: a quarter first, the rest over the rounds (docs/labeling.md).
-        hparams = self.policy_hparams(seed, **{'online.retrains': ONLINE_RETRAINS,
-                                               'online.num_labels': self.num_train - self.num_train // 4,
-                                               REWARD_PREFIX + 'labels.num_train': self.num_train // 4,
-                                               'rewards.adaptive_kl': 'off', 'rewards.kl_coef': kl_coef})
-        return self.trained_policy_point(seed, run_dir, hparams)
+        hparams = self.policy_hparams(run.seed, **{'online.retrains': ONLINE_RETRAINS,
+                                                   'online.num_labels': self.num_train - self.num_train // 4,
+                                                   REWARD_PREFIX + 'labels.num_train': self.num_train // 4,
+                                                   'rewards.adaptive_kl': 'off', 'rewards.kl_coef': run.value,
+                                                   **({} if run.lr is None else {'ppo.lr': run.lr})})
+        return self.trained_policy_point(run, run_dir, hparams, baseline)
 
-    def trained_policy_point(self, seed, run_dir, hparams):
+    def policy_bound(self, key):
+        """A train_policy hparam of the sweep: the command line's, else the experiment's binding."""
+        return self.extra.get(key, self.bound[key])
+
+    def trained_policy_point(self, run, run_dir, hparams, baseline):
         from lm_human_preferences.frontier import evaluate
         from lm_human_preferences.offline import experiment as offline_engine
         from lm_human_preferences.offline.report import report_file
         name = os.path.basename(run_dir)
-        self.train_policy_command(self.exp_name, name, save_dir=self.seed_dir(seed), **hparams)
+        self.train_policy_command(self.exp_name, name, save_dir=self.seed_dir(run.seed), **hparams)
         with open(report_file(self.exp, run_dir)) as f:
             report = json.load(f)
         run_hparams = saved_policy_hparams(run_dir)
         with offline_engine.cpu_threads(self.exp):
-            point = evaluate.policy_point(self.exp, run_hparams, os.path.join(run_dir, 'policy'), run_dir, seed=seed,
-                                          report=report)
-        value = float(hparams['rewards.kl_coef'])
-        return launch_line('train_policy', self.exp_name, name, self.seed_dir(seed), hparams), [dict(value=value, **point)]
+            point = evaluate.policy_point(self.exp, run_hparams, os.path.join(run_dir, 'policy'), run_dir,
+                                          seed=run.seed, baseline=baseline, report=report)
+        command = launch_line('train_policy', self.exp_name, name, self.seed_dir(run.seed), hparams, self.out)
+        return command, [dict(value=float(hparams['rewards.kl_coef']), **point)]
 
-    def seed_hparams(self, seed):
+    def seed_hparams(self, seed, labels=None):
         """train_policy's hparams of this seed's runs against its reward model, resolved (the task with its initial
         model's dir), for the arms that run no trainer."""
         from lm_human_preferences import train_policy
@@ -214,44 +381,56 @@ class Sweep:
         hparams = train_policy.HParams()
         reward = _load_hparams('train_reward', os.path.join(self.reward_dir(seed), 'train_reward_hparams.json'))
         hparams.task = reward.task  # the seed's task, its initial model resolved to the cached model's dir
-        hparams.rewards.trained_model = os.path.join(self.reward_dir(seed), 'reward_model')
+        hparams.rewards.trained_model = os.path.join(self.reward_dir(seed, labels), 'reward_model')
         assert hparams.task.policy.initial_model == model_dir(self.exp, seed), hparams.task.policy.initial_model
         return hparams
 
-    def run_best_of_n(self, seed, _, run_dir):
+    def run_best_of_n(self, run, run_dir, baseline):
         from lm_human_preferences.frontier import evaluate
         from lm_human_preferences.offline import experiment as offline_engine
         os.makedirs(run_dir, exist_ok=True)
+        hparams = self.seed_hparams(run.seed, run.labels)
         with offline_engine.cpu_threads(self.exp):
-            points = evaluate.best_of_n_points(self.exp, self.seed_hparams(seed), self.points['best_of_n'], run_dir,
-                                               queries=self.best_of_n_queries, seed=seed)
-        command = (f"python sample.py best_of_n --save_dir <a train_policy run of seed {seed} with "
-                   f"--rewards.trained_model {os.path.join(self.reward_dir(seed), 'reward_model')}> "
-                   f"--n {max(self.points['best_of_n'])} --queries {self.best_of_n_queries} --seed {seed}")
+            points = evaluate.best_of_n_points(self.exp, hparams, self.points['best_of_n'], run_dir,
+                                               queries=self.best_of_n_queries, seed=run.seed, baseline=baseline)
+        reward_model = os.path.relpath(hparams.rewards.trained_model, self.out)
+        command = (f"python sample.py best_of_n --save_dir <a train_policy run of seed {run.seed} with "
+                   f"--rewards.trained_model $OUT/{reward_model}> --n N --queries Q --seed {run.seed} (its ppo_score "
+                   f"column; n up to {evaluate.ALL_QUERIES_MAX_N} on {self.best_of_n_queries} queries, larger n on "
+                   f"queries x {evaluate.ALL_QUERIES_MAX_N} / n)")
         return command, points
 
-    def run_dpo(self, seed, beta, run_dir):
+    def run_dpo(self, run, run_dir, baseline):
         from lm_human_preferences.frontier import dpo, evaluate
         from lm_human_preferences.language import hf_export
         from lm_human_preferences.offline import experiment as offline_engine
-        hparams = self.seed_hparams(seed)
-        initial_hf = os.path.join(self.seed_dir(seed), 'initial_hf')
+        hparams = self.seed_hparams(run.seed, run.labels)
+        initial_hf = os.path.join(self.seed_dir(run.seed), 'initial_hf')
         if read_done(initial_hf) is None:
             hf_export.export(hparams.task.policy.initial_model, initial_hf, task=hparams.task, force=True)
             files.atomic_write(os.path.join(initial_hf, DONE), b'{}')
-        reward = _load_hparams('train_reward', os.path.join(self.reward_dir(seed), 'train_reward_hparams.json'))
-        with open(os.path.join(self.reward_dir(seed), f'{self.exp.name}_labels.json')) as f:
-            records = json.load(f)[:reward.labels.num_train]  # the held-out labels stay held out
-        rows = dpo.preference_rows(records, hparams.task, self.exp.encoding.name, reward.labels.type)
+        reward = _load_hparams('train_reward', os.path.join(self.reward_dir(run.seed), 'train_reward_hparams.json'))
+        with open(os.path.join(self.reward_dir(run.seed), f'{self.exp.name}_labels.json')) as f:
+            # the held-out labels stay held out; the label axis: the first `labels` of them
+            records = json.load(f)[:reward.labels.num_train if run.labels is None else run.labels]
+        rows, pairs = dpo.preference_rows(records, hparams.task, self.exp.encoding.name, reward.labels.type)
         policy_hf = os.path.join(run_dir, 'policy_hf')
+        options = dict(self.dpo_options, learning_rate=self.default_lr['dpo'] if run.lr is None else run.lr)
         with offline_engine.cpu_threads(self.exp):
-            dpo.train(initial_hf, rows, policy_hf, os.path.join(run_dir, 'trl'), beta=beta, seed=seed,
-                      **self.dpo_options)
-            point = evaluate.policy_point(self.exp, hparams, policy_hf, run_dir, seed=seed)
-        command = (f'TRL DPOTrainer (frontier/dpo.py) on {len(rows["prompt"])} pairs of '
-                   f'{os.path.join(self.reward_dir(seed), self.exp.name + "_labels.json")} from {initial_hf}, '
-                   f'beta {beta:g}; evaluated as --task.policy.initial_model {policy_hf}')
-        return command, [dict(value=beta, **point)]
+            dpo.train(initial_hf, rows, policy_hf, os.path.join(run_dir, 'trl'), beta=run.value, seed=run.seed,
+                      **options)
+            point = evaluate.policy_point(self.exp, hparams, policy_hf, run_dir, seed=run.seed, baseline=baseline)
+        with open(os.path.join(policy_hf, dpo.TRAINED)) as f:
+            trained = json.load(f)
+        labels_file = os.path.relpath(os.path.join(self.reward_dir(run.seed), self.exp.name + '_labels.json'), self.out)
+        command = (f'TRL DPOTrainer (frontier/dpo.py) on {len(rows["prompt"])} pairs of the first {len(records)} '
+                   f'records of $OUT/{labels_file} under PPO\'s objective ({pairs["kept"]} as labelled, '
+                   f'{pairs["flipped"]} flipped, {pairs["dropped"]} dropped: dpo.objective_pair), from '
+                   f'$OUT/{os.path.relpath(initial_hf, self.out)}, beta {run.value:g}, lr {options["learning_rate"]:g}; '
+                   f'evaluated as --task.policy.initial_model $OUT/{os.path.relpath(policy_hf, self.out)}')
+        return command, [dict(value=run.value, **point, pairs=pairs, dpo_steps=trained['steps'],
+                              dpo_final_loss=trained.get('final_loss'),
+                              dpo_final_pair_accuracy=trained.get('final_pair_accuracy'))]
 
 
 def _load_hparams(command, path):
@@ -274,6 +453,54 @@ def read_done(run_dir):
         return json.load(f)
 
 
-def launch_line(command, exp, name, save_dir, hparams):
-    return ' '.join(['python launch.py', command, exp, name, '--save_dir', shlex.quote(save_dir)]
-                    + [f'--{k} {shlex.quote(str(v))}' for k, v in hparams.items()])
+def launch_line(command, exp, name, save_dir, hparams, out):
+    """The trainer's command line, its paths under the sweep's folder written $OUT/... (runnable with OUT set)."""
+    def rel(value):
+        value = str(value)
+        inside = os.path.isabs(value) and os.path.commonpath([os.path.abspath(out), value]) == os.path.abspath(out)
+        return '$OUT/' + os.path.relpath(value, out) if inside else shlex.quote(value)
+    return ' '.join(['python launch.py', command, exp, name, '--save_dir', rel(save_dir)]
+                    + [f'--{k} {rel(v)}' for k, v in hparams.items()])
+
+
+def file_sha256(*paths):
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, 'rb') as f:
+            for block in iter(lambda: f.read(1 << 20), b''):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def runs_on():
+    """The CPU or GPU a run ran on (its kernels round its results; on a CPU the initial model follows them)."""
+    from lm_human_preferences.utils import core as utils
+    from lm_human_preferences.utils import cpu
+    model = ''
+    if utils.get_device().type == 'cpu' and os.path.isfile('/proc/cpuinfo'):
+        with open('/proc/cpuinfo') as f:
+            model = next((line.split(':', 1)[1].strip() for line in f if line.startswith('model name')), '')
+    return cpu.describe(utils.get_device()) + (f' on {model}' if model else '')
+
+
+def start_attempt(run_dir):
+    """Note this process's start in the run's attempts (a stopped run's processes before it are summed); returns it."""
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, ATTEMPTS)
+    starts = json.load(open(path)) if os.path.isfile(path) else []
+    now = time.time()
+    files.atomic_write(path, json.dumps(starts + [now]).encode())
+    return now
+
+
+def attempts_seconds(run_dir, this_start):
+    """The run's time over all its processes: this one's, and each earlier one's from its start to its last write
+    into the run's folder before the next started (a process killed with -9 says nothing of its end)."""
+    with open(os.path.join(run_dir, ATTEMPTS)) as f:
+        starts = json.load(f)
+    writes = [os.path.getmtime(os.path.join(root, name)) for root, _, names in os.walk(run_dir) for name in names
+              if name != ATTEMPTS]
+    seconds = time.time() - this_start
+    for start, next_start in zip(starts, starts[1:]):
+        seconds += max([w for w in writes if start <= w < next_start], default=start) - start
+    return seconds

@@ -6,6 +6,7 @@ import http.client
 import importlib.util
 import json
 import os
+import re
 import time
 import urllib.error
 from pathlib import Path
@@ -487,7 +488,9 @@ def test_status_off_loopback_needs_a_labelers_key(tmp_path):
     (dict(question='q000000', choice=0, labeler=['ann']), 'labeler name'),
     (b'{"labeler": "ann", "key": "k1", "question": "q000000", "choice": 0, "seconds": NaN}', 'not JSON'),
     (b'{"labeler": "ann", "key": "k1", "question": "q000000", "choice": 0, "seconds": Infinity}', 'not JSON'),
-    (b'[' * 2000 + b']' * 2000, 'not JSON'),  # nested deeper than the parser goes
+    # Nested as deep as MAX_BODY allows: beyond the parser's depth under Python 3.10-3.12.1, not under 3.12.3 or
+    # 3.13 (a list, then: not an object); either way a 400 JSON answer, never a RecursionError's 500.
+    (b'[' * 2000 + b']' * 2000, 'not JSON|must be a JSON object'),
 ])
 def test_malformed_bodies_are_400_json(api, body, says):
     api, store = api
@@ -495,7 +498,7 @@ def test_malformed_bodies_are_400_json(api, body, says):
     before = snapshot(store)
     raw = body if isinstance(body, bytes) else json.dumps(dict(dict(labeler='ann', key='k1'), **body)).encode()
     status, reply = api.json('POST', '/api/answer', raw=raw)
-    assert status == 400 and says in reply['error'], reply
+    assert status == 400 and re.search(says, reply['error']), reply
     assert snapshot(store) == before
     json.loads((tmp := open(os.path.join(store.directory, 'answers.jsonl')).read()) or 'null',
                parse_constant=lambda c: pytest.fail(f'{c} in answers.jsonl'))

@@ -35,6 +35,9 @@ class TaskHParams(hyperparams.HParams):
     truncate_token: Optional[int] = None
     truncate_after: int = 0
     penalty_reward_value: int = -1
+    # Ours: off, every response passes the filter below (the truncation kept): what the filter costs PPO, measured
+    # (the frontier's ppo_nofilter arm, docs/frontier.md); the original always filters when truncate_token is set.
+    filter_responses: bool = True
 
     policy: PolicyHParams = field(default_factory=PolicyHParams)
 
@@ -83,7 +86,7 @@ def postprocess_fn_from_hparams(hparams: TaskHParams, padding_token: int):
 #central example: ensure that the sample contains truncate_token
 def filter_fn_from_hparams(hparams: TaskHParams):
     def filter(responses):
-        if hparams.truncate_token is not None:
+        if hparams.truncate_token is not None and hparams.filter_responses:
             matches_token = responses[:, hparams.truncate_after:] == hparams.truncate_token
             return matches_token.any(dim=-1)
         else:

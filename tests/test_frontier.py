@@ -278,8 +278,9 @@ def test_dpo_pairs_are_the_labels_as_export_labels_pairs_them():
     record = dict(query=encoder.encode('ab'), best=2, **{f'sample{i}': encoder.encode(text) for i, text in
                                                           enumerate(('x', 'y', 'e.e', 'z'))})
     record['sample3'] = record['sample3'] + [encoder.padding_token]
-    rows = dpo.preference_rows([record], task, 'test', 'best_of_4')
+    rows, counts = dpo.preference_rows([record], task, 'test', 'best_of_4')
     assert rows == dict(prompt=['q:ab>'] * 3, chosen=['e.e'] * 3, rejected=['x', 'y', 'z'])
+    assert counts == dict(kept=3, flipped=0, dropped=0)  # the task has no filter
 
 
 def test_dpo_pairs_follow_ppos_objective_under_the_filter():
@@ -410,3 +411,184 @@ def test_a_resumed_runs_time_sums_its_processes(tmp_path):
     assert len(attempts) == 1
     seconds = sweep.attempts_seconds(str(run_dir), second)
     assert 100 <= seconds < 100 + (time.time() - second) + 1
+
+
+# ---- table.py's plot and label axis, on hand-made rows (no model)
+
+def _point(arm, seed, value, kl, gain, **fields):
+    """One row as collect makes it (the fields a frontier.json point carries, and the variant values)."""
+    bound = arm == 'best_of_n'
+    return dict(arm=arm, seed=seed, knob=table.KNOBS[arm], value=value, gain=gain, gain_se=0.05, kl=kl,
+                kl_se=0.0 if bound else 0.1, kl_kind='bound' if bound else 'measured', kl_objective=None if bound else kl,
+                rm_initial=0.6, rm_trained=None if bound else 0.5, command='cmd', **fields)
+
+
+def _write_runs(out, rows):
+    """The rows as the frontier.json files of their runs (a run a row), as sweep.py leaves them."""
+    for r in rows:
+        variant = {k: r[k] for k in table.VARIANTS if k in r}
+        run = out / f"seed{r['seed']}" / '-'.join([f"{r['arm']}-{r['knob']}{r['value']:g}"]
+                                                   + [f'{k}{v:g}' for k, v in variant.items()])
+        run.mkdir(parents=True)
+        point = {k: v for k, v in r.items() if k not in ('arm', 'seed', 'knob', 'command')}
+        (run / table.DONE).write_text(json.dumps(dict(identity=dict(arm=r['arm'], seed=r['seed'], **variant),
+                                                      command=r['command'], points=[point])))
+
+
+# Offline PPO's kl_coefs land at other KLs on the two seeds: seed 2's frontier lies right of seed 1's.
+SEED_KLS = {1: ((0.3, 2.0, 1.0), (0.2, 4.0, 2.0), (0.1, 8.0, 3.0)),
+            2: ((0.3, 3.0, 1.5), (0.2, 10.0, 3.0), (0.1, 20.0, 3.5))}
+
+
+def _ppo_rows(arm='ppo', shift=0.0, **fields):
+    return [_point(arm, seed, value, kl, gain + shift, **fields) for seed, points in SEED_KLS.items()
+            for value, kl, gain in points]
+
+
+def _drawn(monkeypatch, rows, tmp_path, **options):
+    """The axes table.plot draws for the rows (its figure kept from _save, which still writes it)."""
+    drawn = []
+    save = table._save
+    monkeypatch.setattr(table, '_save', lambda fig, path: (drawn.append(fig.axes[0]), save(fig, path)))
+    table.plot(rows, str(tmp_path / 'f.png'), title='t', **{'kl_budgets': (6.0,), **options})
+    return drawn[0]
+
+
+def test_the_plotted_mean_is_the_tables_gain_at_each_budget(tmp_path, monkeypatch):
+    """The mean curve is the mean over seeds of each seed's interpolated frontier (the table's gain_at), not the points
+    of a knob value averaged (kl and gain) across seeds: where the seeds' KLs differ the two part, and the plot draws
+    the table's. Its band is the table's sd; each measured point has its KL's se as a bar, best-of-n's bound is an
+    open marker; the budget's line is labeled."""
+    rows = _ppo_rows() + [_point('best_of_n', seed, n, kl, gain) for seed in (1, 2)
+                          for n, kl, gain in ((4, 0.64, 0.8), (16, 1.84, 1.5), (64, 3.17, 1.9))]
+    # by hand: seed 1 at 6 nats between (4, 2.0) and (8, 3.0): 2.5; seed 2 between (3, 1.5) and (10, 3.0): 1.5 +
+    # 1.5 * 3/7; mean 2.3214, sd 0.2525
+    expected = (2.5 + 1.5 + 1.5 * 3 / 7) / 2
+    entry = table.budget_table(rows, 6.0)['ppo']
+    assert entry['mean'] == pytest.approx(expected) and entry['std'] == pytest.approx((1 - 1.5 * 3 / 7) / 2 ** 0.5)
+    # The old curve: each kl_coef's KL and gain averaged over seeds, (2.5, 1.25), (7, 2.5), (14, 3.25), joined by
+    # straight lines: 2.222 at 6 nats, 0.1 below the table, and on to 14 nats, past seed 1's last point.
+    old = [(sum(kl for s in SEED_KLS for v2, kl, _ in SEED_KLS[s] if v2 == v) / 2,
+            sum(g for s in SEED_KLS for v2, _, g in SEED_KLS[s] if v2 == v) / 2) for v, _, _ in SEED_KLS[1]]
+    old_at_6 = table.gain_at([dict(kl=kl, gain=g) for kl, g in old], 6.0)
+    assert abs(old_at_6 - expected) > 0.09
+    kls, means, sds = table.mean_curve({1: rows[:3], 2: rows[3:6]}, kl_budgets=(6.0,))
+    assert means[list(kls).index(6.0)] == entry['mean'] and sds[list(kls).index(6.0)] == entry['std']
+    ax = _drawn(monkeypatch, rows, tmp_path)
+    line = next(line for line in ax.get_lines() if line.get_label() == table.LABELS['ppo'])
+    x, y = list(line.get_xdata()), list(line.get_ydata())
+    assert y[x.index(6.0)] == entry['mean']
+    assert min(x) == 3.0 and max(x) == 8.0  # where both seeds have points on both sides
+    # every point's KL ± se as a bar (0.1 for PPO; best-of-n's bound has none), best-of-n's marker open
+    bars = [c for c in ax.containers if c.has_xerr]
+    assert len(bars) == 4  # an arm and seed each
+    open_markers = [c for c in bars if c.lines[0].get_markerfacecolor() == 'none']
+    assert sorted(list(c.lines[0].get_xdata()) for c in open_markers) == [[0.64, 1.84, 3.17]] * 2
+    assert '6 nats' in [t.get_text() for t in ax.texts]
+    assert any('KL its bound' in line.get_label() for line in ax.get_lines())
+
+
+def test_the_mean_curve_stops_where_a_seeds_frontier_stops():
+    """No extrapolation: the curve spans the KLs every seed has points on both sides of; none where they share none;
+    a single seed's curve is its own frontier, without a band."""
+    rows = _ppo_rows()
+    kls, means, sds = table.mean_curve({1: rows[:3], 2: rows[3:6]})
+    assert kls[0] == 3.0 and kls[-1] == 8.0 and list(kls) == sorted(kls)
+    assert means[0] == pytest.approx((1.5 + 1.5) / 2) and means[-1] == pytest.approx((3.0 + 1.5 + 1.5 * 5 / 7) / 2)
+    apart = [dict(r, kl=r['kl'] + 20) if r['seed'] == 2 else r for r in rows]  # seed 2 from 23 nats: no overlap
+    assert table.mean_curve({1: apart[:3], 2: apart[3:6]}) is None
+    kls, means, sds = table.mean_curve({1: rows[:3]})
+    assert kls[0] == 2.0 and kls[-1] == 8.0 and sds is None
+    assert means[list(kls).index(4.0)] == 2.0
+
+
+def test_the_table_and_plot_are_the_same_bytes_from_the_same_runs(tmp_path):
+    """Two writes from the same frontier.json files: the same PNG (no matplotlib version or time in it), doc,
+    README summary and frontier.md."""
+    out = tmp_path / 'out'
+    _write_runs(out, _ppo_rows() + _ppo_rows('online', shift=0.2))
+    doc, readme, figure = tmp_path / 'frontier.md', tmp_path / 'README.md', tmp_path / 'static' / 'f.png'
+    readme.write_text(f'# Readme\n{table.SUMMARY_BEGIN}\n{table.SUMMARY_END}\n')
+    written = []
+    for _ in range(2):
+        table.write(str(out), arms=None, kl_budgets=[6.0, 12.0], command='cmd', figure=str(figure), doc=str(doc),
+                    readme=str(readme))
+        written.append([p.read_bytes() for p in (figure, doc, readme, out / 'frontier.md')])
+    assert written[0] == written[1]
+    assert written[0][0].startswith(b'\x89PNG') and b'matplotlib' not in written[0][0]
+    assert not list(tmp_path.glob('**/*.tmp-*'))
+
+
+def test_a_curve_is_an_arm_and_its_variant(tmp_path):
+    """Runs of another learning rate or label count are curves of their own, named by them; each is set against
+    offline PPO's curve of the same label count (the default rate); rows without them stay the arm's curve."""
+    out = tmp_path / 'out'
+    rows = (_ppo_rows() + _ppo_rows(shift=0.1, lr=1e-3) + _ppo_rows(labels=4096) + _ppo_rows('dpo', 0.5, labels=4096)
+            + _ppo_rows('dpo', 0.5))
+    _write_runs(out, rows)
+    collected = table.collect(str(out))
+    assert len(collected) == len(rows) and sum(r.get('lr') == 1e-3 for r in collected) == 6  # from the identity
+    assert list(table.curves(collected)) == ['ppo', 'ppo labels=4096', 'ppo lr=0.001', 'dpo', 'dpo labels=4096']
+    budgets = table.budget_table(collected, 6.0)
+    assert budgets['ppo lr=0.001']['mean'] == pytest.approx(budgets['ppo']['mean'] + 0.1)
+    text = table.summary(collected, 6.0)
+    assert '| offline PPO (kl_coef), lr 0.001 | +2.60 | +2.24 |' in text
+    assert '| offline PPO (kl_coef), 4,096 labels | +2.50 | +2.14 |' in text
+    against = text[text.index('Against offline PPO'):]
+    # each against its own label count's offline PPO: DPO +0.5 at both; offline PPO's lr 1e-3 +0.1 against the default
+    assert against.count('| +0.50 | +0.50 | +0.50 ± 0.00 (2 seeds) | 2 of 2 |') == 2
+    assert '| offline PPO (kl_coef), lr 0.001 | +0.10 | +0.10 |' in against
+    assert 'offline PPO (kl_coef), 4,096 labels |' not in against
+
+
+def _label_rows(default=None):
+    """Offline PPO at 256, 1,024 and 4,096 labels (4,096 the default count where `default`: no labels field), DPO at
+    the default alone, online without labels; each seed's frontier two points around 6 nats, so that its gain there
+    is their midpoint."""
+    gains = {256: (0.6, 0.8), 1024: (1.1, 1.3), 4096: (1.5, 1.9)}
+    rows = []
+    for labels, per_seed in gains.items():
+        fields = {} if labels == default else dict(labels=labels)
+        for seed, gain in zip((1, 2), per_seed):
+            rows += [_point('ppo', seed, 0.2, 4.0, gain - 0.5, **fields), _point('ppo', seed, 0.1, 8.0, gain + 0.5, **fields)]
+    return rows + [_point('online', seed, value, kl, 1.0) for seed in (1, 2) for value, kl in ((0.2, 4.0), (0.1, 8.0))]
+
+
+def test_label_table_and_the_labels_a_gain_needs():
+    """The gain at the budget against the label count, mean ± sd over seeds; the labels a target needs interpolated
+    on log(labels) between the counts around it (worked by hand)."""
+    entries = table.label_table(_label_rows(), 6.0)
+    assert list(entries) == ['ppo'] and list(entries['ppo']) == [256, 1024, 4096]
+    assert [entries['ppo'][n]['mean'] for n in (256, 1024, 4096)] == pytest.approx([0.7, 1.2, 1.7])
+    assert entries['ppo'][4096]['std'] == pytest.approx(0.4 / 2 ** 0.5)
+    assert entries['ppo'][256]['seeds'] == pytest.approx({1: 0.6, 2: 0.8})
+    # +1: 0.6 of the way from 256 (0.7) to 1,024 (1.2) on log(labels): 256 x 4^0.6 = 588.13; +1.5: 1,024 x 4^0.6
+    assert table.labels_needed(entries['ppo'], 1.0) == pytest.approx(588.134, abs=1e-3)
+    assert table.labels_needed(entries['ppo'], 1.5) == pytest.approx(2352.54, abs=1e-2)
+    assert table.labels_needed(entries['ppo'], 0.5) == 256  # the smallest count reaches it already
+    assert table.labels_needed(entries['ppo'], 2.0) is None
+    # the first crossing, from the count just below it (a count without a gain there skipped): with a dip at 2,048,
+    # +1.5 is 0.75 of the way from 2,048 (0.9) to 4,096 (1.7): 2,048 x 2^0.75
+    dipped = {n: dict(mean=m) for n, m in ((256, 0.7), (512, None), (1024, 1.2), (2048, 0.9), (4096, 1.7))}
+    assert table.labels_needed(dipped, 1.0) == pytest.approx(588.134, abs=1e-3)
+    assert table.labels_needed(dipped, 1.5) == pytest.approx(2048 * 2 ** 0.75)
+    # the default count's rows carry no labels: counted at default_labels, for the arms that have other counts only
+    assert table.label_table(_label_rows(default=4096), 6.0) == dict(ppo={n: entries['ppo'][n] for n in (256, 1024)})
+    assert table.label_table(_label_rows(default=4096), 6.0, default_labels=4096) == entries
+    text = table.labels_summary(_label_rows(), 6.0)
+    assert ('| offline PPO (kl_coef) | +0.70 ± 0.14 (2 seeds) | +1.20 ± 0.14 (2 seeds) | +1.70 ± 0.28 (2 seeds) | '
+            '588 | 2,353 |') in text
+
+
+def test_write_adds_the_label_axis_where_rows_carry_labels(tmp_path):
+    out = tmp_path / 'out'
+    _write_runs(out, _label_rows())
+    figure, doc = tmp_path / 'f.png', tmp_path / 'frontier.md'
+    table.write(str(out), arms=None, kl_budgets=[6.0], command='cmd', figure=str(figure), doc=str(doc))
+    text = doc.read_text()
+    assert (tmp_path / 'f_labels.png').read_bytes().startswith(b'\x89PNG')
+    assert '### Gain at 6 nats against the number of labels' in text and '![gain against labels](f_labels.png)' in text
+    _write_runs(tmp_path / 'plain', _ppo_rows())
+    table.write(str(tmp_path / 'plain'), arms=None, kl_budgets=[6.0], command='cmd', figure=str(tmp_path / 'g.png'),
+                doc=str(tmp_path / 'g.md'))
+    assert not (tmp_path / 'g_labels.png').exists() and 'number of labels' not in (tmp_path / 'g.md').read_text()

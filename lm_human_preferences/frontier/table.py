@@ -267,7 +267,7 @@ def labels_summary(rows, budget, targets=(1.0, 1.5), default_labels=None):
     first = _label_curves(labelled(rows, default_labels))
     counts = sorted({count for entries in entries_of.values() for count in entries})
     lines = ['| arm (knob) | ' + ' | '.join(f'{count:,} labels' for count in counts) + ' | '
-             + ' | '.join(f'labels for {target:+g}' for target in targets) + ' |',
+             + ' | '.join(f'labels to reach {target:+g}' for target in targets) + ' |',
              '|---|' + '---|' * (len(counts) + len(targets))]
     for key, entries in entries_of.items():
         cells = ['–' if count not in entries else _mean_cell(entries[count]) for count in counts]

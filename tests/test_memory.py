@@ -97,19 +97,21 @@ def test_train_reward_with_auto_and_little_memory_keeps_a_label_in_one_pass(monk
 
 
 @pytest.mark.slow
-def test_train_policy_with_auto_splits_its_passes_to_the_plan(monkeypatch, capsys, forward_rows):
+@pytest.mark.parametrize('bf16', [False, True])
+def test_train_policy_with_auto_splits_its_passes_to_the_plan(monkeypatch, capsys, forward_rows, bf16):
     """`train_policy test` with run.microbatch_size auto and little memory: every pass of the run holds at most the
-    planned number of sequences."""
+    planned number of sequences, in either precision. (run.bf16 set: unset, it is on under CUDA, whose plan for
+    memory sized for fp32 is 2 sequences a pass.)"""
     # the test model's 0.4 MB a sequence in the loss: 3 sequences in 1.3 MB beyond its models and optimizer
     hp = train_policy.HParams()
     hp.override_from_dict({'task.policy.initial_model': 'test', 'task.query_dataset': 'test', 'task.query_length': 2,
                            'task.response_length': 3, 'rewards.trained_model': 'test', 'ppo.batch_size': 16,
-                           'ppo.total_episodes': 32, 'run.seed': 1, 'run.microbatch_size': 'auto'})
+                           'ppo.total_episodes': 32, 'run.seed': 1, 'run.microbatch_size': 'auto', 'run.bf16': bf16})
     hp.validate()
     test_model = model.HParams(n_vocab=27, n_ctx=8, n_embd=7, n_head=1, n_layer=2)
     passes = memory.policy_passes(hp)
-    fixed = memory.fixed_bytes(test_model, resident=3, trained=1, bf16=False)
-    per_sequence = max(memory.bytes_per_sequence(p, test_model, bf16=False) for p in passes)
+    fixed = memory.fixed_bytes(test_model, resident=3, trained=1, bf16=bf16)
+    per_sequence = max(memory.bytes_per_sequence(p, test_model, bf16=bf16) for p in passes)
     monkeypatch.setattr(memory, 'free_bytes', lambda device: (fixed + 3.5 * per_sequence) / memory.USABLE_FRACTION)
     train_policy.train(hp)
     assert 'run.microbatch_size auto = 3 sequences a pass' in capsys.readouterr().out

@@ -90,12 +90,13 @@ class HParams(hyperparams.HParams):
 
     def override_from_dict(self, flat_dict, separator='.'):
         """Ours: while rewards.train_new_model is on, a `task.X` value sets `rewards.train_new_model.task.X` too
-        (unless the dict sets that one itself): the reward model is trained on the policy's task."""
+        (unless the dict sets that one itself): the reward model is trained on the policy's task. So does `run.bf16`:
+        one precision for the whole run (`--run.bf16 false` once left the reward phase in bf16 on CUDA)."""
         super().override_from_dict(flat_dict, separator=separator)
         if self.rewards.train_new_model is not None:
             reward_task = separator.join(('rewards', 'train_new_model', ''))
-            both = {reward_task + k: v for k, v in flat_dict.items()
-                    if k.startswith('task' + separator) and reward_task + k not in flat_dict}
+            both = {reward_task + k: v for k, v in flat_dict.items() if reward_task + k not in flat_dict and
+                    (k.startswith('task' + separator) or k == separator.join(('run', 'bf16')))}
             if both:
                 super().override_from_dict(both, separator=separator)
 

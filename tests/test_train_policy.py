@@ -211,6 +211,16 @@ def test_reward_training_needs_the_same_task_and_a_save_dir(tmp_path):
         train_policy.train(hparams)
 
 
+def test_run_bf16_sets_the_reward_phases_precision_too():
+    """One precision for the whole run, unless the reward phase's is given: `--run.bf16 false` once left the
+    reward phase at its default, bf16 on CUDA (the CUDA run's reward model left the CPU's by 8e-3)."""
+    hparams = hparams_for_test()
+    hparams.override_from_dict({**REWARD_TRAINING, 'run.bf16': False})
+    assert hparams.run.bf16 is False and hparams.rewards.train_new_model.run.bf16 is False
+    hparams.override_from_dict({'run.bf16': True, 'rewards.train_new_model.run.bf16': False})
+    assert hparams.run.bf16 is True and hparams.rewards.train_new_model.run.bf16 is False
+
+
 def test_rewards_validate_exactly_one_model():
     hparams = hparams_for_test()
     hparams.override_from_dict({**REWARD_TRAINING, 'rewards.trained_model': 'test'})

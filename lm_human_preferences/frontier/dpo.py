@@ -29,7 +29,7 @@ LEARNING_RATE = 1e-4
 BATCH_SIZE = 64  # pairs a step
 EPOCHS = 1
 SAVE_STEPS = 100  # a stopped run resumes from its last checkpoint
-LOG_STEPS = 10  # the loss and pair accuracy of the last tenth of a run (training_summary) from ~8 rows
+LOG_STEPS = 1  # every step's loss and pair accuracy: the last tenth of a run's (training_summary)
 TRAINED = 'trained.json'  # written once the trained model is saved: the folder is whole
 # TRL's fused LM head, on a device without Triton (a CPU), scores the vocabulary in tiles of 4096 tokens x 32768
 # entries: ~0.4 GB of fp32 on the miniature that each of its dozen elementwise passes reads from memory. Tiles of a

@@ -323,6 +323,7 @@ class Sweep:
                 baseline = evaluate.seed_baseline(self.exp, self.seed_hparams(seed).task, seed=seed)
             done = dict(identity=dict(experiment=self.exp_name, seed=seed), baseline=baseline, runs_on=runs_on(),
                         points=[])
+            os.makedirs(baseline_dir, exist_ok=True)
             files.atomic_write(os.path.join(baseline_dir, DONE), json.dumps(done).encode())
         return done['baseline']
 

@@ -90,6 +90,7 @@ def best_of_n_points(exp, hparams, ns, run_dir, *, queries, seed, baseline):
         by_k = {row['k']: row for row in rows}
         points += [dict(value=n, gain=(by_k[n]['ppo_score_pick'] - start) / unit,
                         gain_se=by_k[n]['ppo_score_pick_std'] / unit / math.sqrt(tier_queries), queries=tier_queries,
+                        samples=n * tier_queries, optimizer_steps=0,
                         kl=float(np.log(n) - (n - 1) / n), kl_se=0.0, kl_kind='bound', kl_objective=None,
                         rm_initial=rm_initial, rm_trained=None)
                    for n in tier]

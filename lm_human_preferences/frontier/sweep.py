@@ -372,7 +372,10 @@ class Sweep:
             point = evaluate.policy_point(self.exp, run_hparams, os.path.join(run_dir, 'policy'), run_dir,
                                           seed=run.seed, baseline=baseline, report=report)
         command = launch_line('train_policy', self.exp_name, name, self.seed_dir(run.seed), hparams, self.out)
-        return command, [dict(value=float(hparams['rewards.kl_coef']), **point)]
+        ppo = run_hparams.ppo  # its compute: the episodes it sampled, its Adam steps (PPO's batches x epochs x minibatches)
+        steps = ppo.total_episodes // ppo.batch_size * ppo.noptepochs * ppo.nminibatches
+        return command, [dict(value=float(hparams['rewards.kl_coef']), **point, samples=ppo.total_episodes,
+                              optimizer_steps=steps)]
 
     def seed_hparams(self, seed, labels=None):
         """train_policy's hparams of this seed's runs against its reward model, resolved (the task with its initial
@@ -429,7 +432,7 @@ class Sweep:
                    f'{pairs["flipped"]} flipped, {pairs["dropped"]} dropped: dpo.objective_pair), from '
                    f'$OUT/{os.path.relpath(initial_hf, self.out)}, beta {run.value:g}, lr {options["learning_rate"]:g}; '
                    f'evaluated as --task.policy.initial_model $OUT/{os.path.relpath(policy_hf, self.out)}')
-        return command, [dict(value=run.value, **point, pairs=pairs, dpo_steps=trained['steps'],
+        return command, [dict(value=run.value, **point, pairs=pairs, samples=0, optimizer_steps=trained['steps'],
                               dpo_final_loss=trained.get('final_loss'),
                               dpo_final_pair_accuracy=trained.get('final_pair_accuracy'))]
 

@@ -366,6 +366,12 @@ def test_the_label_axis_trains_on_a_prefix_and_holds_out_the_same_labels(tmp_pat
     names = [s.run_name(run) for run in s.runs()]
     assert 'ppo-kl_coef0.3-labels8' in names and 'ppo-kl_coef0.3' in names and 'best_of_n-labels8' in names
     assert names.index('ppo-kl_coef0.3-labels8') < names.index('ppo-kl_coef0.3')  # the fewest labels first
+    # stated before it starts: the runs, and their time at the arms' estimates (DPO's by its share of the labels)
+    plan = s.runs()
+    expected = sum(sweep.ESTIMATED_SECONDS[r.arm] * (0.5 if r.arm == 'dpo' and r.labels == 8 else 1) for r in plan)
+    expected += 2 * sweep.ESTIMATED_SECONDS['reward']  # the seed's two reward models: 8 and 16 labels
+    assert s.plan_line(plan).startswith(f'frontier: {len(plan)} runs, 0 finished earlier; the rest about '
+                                        f'{expected / 3600:.1f} h (with 2 reward models;')
     records = [dict(query=[i], sample0=[i], best=0) for i in range(16 + 8)]
     reward_dir = tmp_path / 'out' / 'seed1' / 'reward'
     reward_dir.mkdir(parents=True)

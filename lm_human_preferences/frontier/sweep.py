@@ -55,6 +55,11 @@ PPO_ARMS = ('ppo', 'ppo_nofilter', 'ppo_4x')  # offline PPO against the seed's r
 # The arms a learning rate (--lr) and a label count (--labels) apply to; the online arm's labels come in rounds.
 LR_ARMS = (*PPO_ARMS, 'online', 'dpo')
 LABEL_ARMS = (*PPO_ARMS, 'best_of_n', 'dpo')
+# A run's time on two cores of an AMD EPYC Zen 4 (each arm's measured seconds, docs/frontier.md), for the plan's line
+# before any run of the arm has finished in --out: PPO 2.5 min, 4x the episodes 10; online 17; best-of-n on 1,024
+# queries (512k samples) ~35; DPO on PPO's objective (about half the pairs kept) ~26; a seed's first reward model
+# (its initial model, labels) ~15, one on a prefix of its labels ~2.
+ESTIMATED_SECONDS = dict(ppo=150, ppo_nofilter=150, ppo_4x=600, online=1020, best_of_n=2100, dpo=1560, reward=900)
 ATTEMPTS = 'frontier_attempts.json'  # a run's processes' start times, so that a resumed run's time is summed
 
 
@@ -188,6 +193,7 @@ class Sweep:
     def run_all(self):
         plan = self.runs()
         started = time.time()
+        print(self.plan_line(plan), flush=True)
         for i, run in enumerate(plan, 1):
             run_dir = os.path.join(self.seed_dir(run.seed), self.run_name(run))
             what = (f'[frontier {i}/{len(plan)}] {run.arm} seed {run.seed}'
@@ -206,6 +212,29 @@ class Sweep:
                 when = 'done earlier'
             print(f'{what}: {table.points_line(done["points"])} ({when}; {run_dir})', flush=True)
         print(f'frontier: {len(plan)} runs in {self.out}, {table.minutes(time.time() - started)} this time', flush=True)
+
+    def plan_line(self, plan):
+        """What the sweep will run, before it starts: its runs, those finished earlier, and the time the rest take at
+        each arm's mean time a run in this --out (else ESTIMATED_SECONDS), with the seeds' reward models."""
+        done = {run: read_done(os.path.join(self.seed_dir(run.seed), self.run_name(run))) for run in plan}
+        measured = {}
+        for run, finished in done.items():
+            if finished is not None and 'seconds' in finished:
+                measured.setdefault(run.arm, []).append(finished['seconds'] / self.label_share(run))
+        seconds = sum(self.label_share(run) * (sum(measured[run.arm]) / len(measured[run.arm]) if run.arm in measured
+                                               else ESTIMATED_SECONDS[run.arm])
+                      for run, finished in done.items() if finished is None)
+        rewards = {(run.seed, run.labels) for run, finished in done.items() if finished is None and run.arm != 'online'
+                   and read_done(self.reward_dir(run.seed, run.labels)) is None}
+        seconds += len(rewards) * ESTIMATED_SECONDS['reward']
+        finished = sum(d is not None for d in done.values())
+        return (f'frontier: {len(plan)} runs, {finished} finished earlier; the rest about {seconds / 3600:.1f} h '
+                f'(with {len(rewards)} reward models; at the mean time of each arm\'s finished runs here, else on two '
+                f'cores of an AMD EPYC Zen 4: frontier/sweep.py ESTIMATED_SECONDS)')
+
+    def label_share(self, run):
+        """A run's labels against the full count: DPO's time is its pairs'."""
+        return 1.0 if run.arm != 'dpo' or run.labels is None else run.labels / self.num_train
 
     def check_same(self, done, run, run_dir):
         """A finished run of other settings (another experiment, hparams or labels budget) is not this sweep's."""

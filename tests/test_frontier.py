@@ -437,8 +437,9 @@ def _write_runs(out, rows):
                                                    + [f'{k}{v:g}' for k, v in variant.items()])
         run.mkdir(parents=True)
         point = {k: v for k, v in r.items() if k not in ('arm', 'seed', 'knob', 'command')}
-        (run / table.DONE).write_text(json.dumps(dict(identity=dict(arm=r['arm'], seed=r['seed'], **variant),
-                                                      command=r['command'], points=[point])))
+        objective = {'objective': 'ppo_score'} if r['arm'] in table.EARLIER else {}  # as sweep.py's runs now say
+        identity = dict(arm=r['arm'], seed=r['seed'], **variant, **objective)
+        (run / table.DONE).write_text(json.dumps(dict(identity=identity, command=r['command'], points=[point])))
 
 
 # Offline PPO's kl_coefs land at other KLs on the two seeds: seed 2's frontier lies right of seed 1's.
@@ -598,3 +599,19 @@ def test_write_adds_the_label_axis_where_rows_carry_labels(tmp_path):
     table.write(str(tmp_path / 'plain'), arms=None, kl_budgets=[6.0], command='cmd', figure=str(tmp_path / 'g.png'),
                 doc=str(tmp_path / 'g.md'))
     assert not (tmp_path / 'g_labels.png').exists() and 'number of labels' not in (tmp_path / 'g.md').read_text()
+
+
+def test_runs_from_before_one_objective_are_curves_of_their_own(tmp_path):
+    """A best-of-n or DPO run without an objective in its identity (ranked by the reward model alone; every labelled
+    pair) is not drawn or tabulated as one on PPO's objective."""
+    out = tmp_path / 'out'
+    for name, identity in (('best_of_n', dict(arm='best_of_n', seed=1)),
+                           ('best_of_n-new', dict(arm='best_of_n', seed=1, objective='ppo_score'))):
+        run = out / 'seed1' / name
+        run.mkdir(parents=True)
+        point = dict(value=4, gain=1.0, gain_se=0.1, kl=0.64, kl_se=0.0, kl_kind='bound', kl_objective=None,
+                     rm_initial=0.6, rm_trained=None)
+        (run / sweep.DONE).write_text(json.dumps(dict(identity=identity, command='cmd', points=[point])))
+    rows = table.collect(str(out))
+    assert sorted(table.curve_label(r) for r in rows) == sorted([table.EARLIER['best_of_n'], table.LABELS['best_of_n']])
+    assert len(table.curves(rows)) == 2

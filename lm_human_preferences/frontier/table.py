@@ -30,6 +30,10 @@ LABELS = dict(ppo='offline PPO (kl_coef)', ppo_nofilter='offline PPO without the
               ppo_4x='offline PPO, 4x the episodes (kl_coef)', online='online PPO, 3 retrains (kl_coef)',
               best_of_n="best-of-n by PPO's score (n; KL: the bound)", dpo="DPO, TRL, pairs by PPO's score (beta)")
 
+# Best-of-n's and DPO's runs from before one objective (no 'objective' in their identity: sweep.py): best-of-n ranked
+# by the reward model alone, DPO trained on every labelled pair. Their curves are their own, and say so.
+EARLIER = dict(best_of_n='best-of-n by the reward model alone (n; KL: the bound)', dpo='DPO, TRL, every labelled pair (beta)')
+
 # The arms, each one's knob, and the file that marks a run finished (written last by sweep.py, read here).
 ARMS = ('ppo', 'ppo_nofilter', 'ppo_4x', 'online', 'best_of_n', 'dpo')
 KNOBS = dict(ppo='kl_coef', ppo_nofilter='kl_coef', ppo_4x='kl_coef', online='kl_coef', best_of_n='n', dpo='beta')
@@ -57,16 +61,21 @@ def points_line(points):
                      for p in points)
 
 
+def earlier(row):
+    """A best-of-n or DPO row from before one objective (EARLIER)."""
+    return row['arm'] in EARLIER and row.get('objective') is None
+
+
 def curve_key(row):
     """The curve a row belongs to: its arm, then each variant it carries ('ppo', 'dpo lr=0.001 labels=4096')."""
     return ' '.join([row['arm']] + [f'{name}={form.format(row[name])}' for name, form in VARIANTS.items()
-                                    if row.get(name) is not None])
+                                    if row.get(name) is not None] + (['earlier'] if earlier(row) else []))
 
 
 def curve_label(row):
     """The curve's name in tables and legends: the arm's label, then its variants ('…, lr 0.001', '…, 4,096
     labels')."""
-    label = LABELS.get(row['arm'], f"{row['arm']} ({row['knob']})")
+    label = EARLIER[row['arm']] if earlier(row) else LABELS.get(row['arm'], f"{row['arm']} ({row['knob']})")
     if row.get('lr') is not None:
         label += f", lr {row['lr']:g}"
     if row.get('labels') is not None:
@@ -104,6 +113,8 @@ def collect(out, arms=None):
             if 'arm' not in identity or (arms is not None and identity['arm'] not in arms):
                 continue  # the seed's reward model, the initial model's export
             variant = {name: identity[name] for name in VARIANTS if identity.get(name) is not None}
+            if identity.get('objective') is not None:
+                variant['objective'] = identity['objective']
             for point in done['points']:
                 rows.append(dict(arm=identity['arm'], seed=identity['seed'], knob=KNOBS[identity['arm']],
                                  **{**variant, **point}, command=done['command']))

@@ -78,10 +78,12 @@ def test_dpo_round_trip_and_best_of_n(tmp_path, toy_demo, capsys):
     assert trained['pairs'] == 48 and trained['steps'] == 6 and trained['beta'] == 0.1
     assert trained['final_loss'] > 0 and 0 <= trained['final_pair_accuracy'] <= 1
     from safetensors.torch import load_file
-    before, after = (load_file(str(folder / 'model.safetensors')) for folder in (seed_dir / 'initial_hf', run / 'policy_hf'))
+    before, after = (load_file(str(folder / 'model.safetensors'))
+                     for folder in (seed_dir / 'initial_hf', run / 'policy_hf'))
     assert set(before) <= set(after) and any(not bool((before[k] == after[k]).all()) for k in before)  # it trained
     from lm_human_preferences.language import hf_import
-    assert hf_import.read_encoding(str(run / 'policy_hf'), hf_import.read_hparams(str(run / 'policy_hf'))).name == 'test'
+    hf_dir = str(run / 'policy_hf')
+    assert hf_import.read_encoding(hf_dir, hf_import.read_hparams(hf_dir)).name == 'test'
     rows = [json.loads(line) for line in (tmp_path / 'out' / 'frontier.jsonl').read_text().splitlines()]
     assert [(r['arm'], r['value']) for r in sorted(rows, key=lambda r: (r['arm'], r['value']))] == [
         ('best_of_n', 2), ('best_of_n', 4), ('dpo', 0.1)]

@@ -155,7 +155,8 @@ class Sweep:
         # Each arm's default rate, which names no run: PPO's from the experiment (or the command line), DPO's.
         self.default_lr = {arm: float(self.policy_bound('ppo.lr')) for arm in (*PPO_ARMS, 'online')}
         self.default_lr['dpo'] = dpo.LEARNING_RATE
-        self.lrs = {arm: [None if r == self.default_lr[arm] else r for r in rates] for arm, rates in (lrs or {}).items()}
+        self.lrs = {arm: [None if r == self.default_lr[arm] else r for r in rates]
+                    for arm, rates in (lrs or {}).items()}
         labels = list(labels or [num_train])
         for n in labels:
             if n > num_train or n % batch:
@@ -174,7 +175,8 @@ class Sweep:
         plan = []
         for arm in order:
             values = [None] if arm == 'best_of_n' else self.points[arm]
-            counts = sorted(self.labels, key=lambda n: self.num_train if n is None else n) if arm in LABEL_ARMS else [None]
+            counts = (sorted(self.labels, key=lambda n: self.num_train if n is None else n) if arm in LABEL_ARMS
+                      else [None])
             plan += [Planned(arm, seed, value, lr, labels) for labels in counts for lr in self.lrs.get(arm, [None])
                      for value in values for seed in self.seeds]
         return plan
@@ -401,7 +403,8 @@ class Sweep:
             point = evaluate.policy_point(self.exp, run_hparams, os.path.join(run_dir, 'policy'), run_dir,
                                           seed=run.seed, baseline=baseline, report=report)
         command = launch_line('train_policy', self.exp_name, name, self.seed_dir(run.seed), hparams, self.out)
-        ppo = run_hparams.ppo  # its compute: the episodes it sampled, its Adam steps (PPO's batches x epochs x minibatches)
+        # its compute: the episodes it sampled, its Adam steps (PPO's batches x epochs x minibatches)
+        ppo = run_hparams.ppo
         steps = ppo.total_episodes // ppo.batch_size * ppo.noptepochs * ppo.nminibatches
         return command, [dict(value=float(hparams['rewards.kl_coef']), **point, samples=ppo.total_episodes,
                               optimizer_steps=steps)]
@@ -459,7 +462,8 @@ class Sweep:
         command = (f'TRL DPOTrainer (frontier/dpo.py) on {len(rows["prompt"])} pairs of the first {len(records)} '
                    f'records of $OUT/{labels_file} under PPO\'s objective ({pairs["kept"]} as labelled, '
                    f'{pairs["flipped"]} flipped, {pairs["dropped"]} dropped: dpo.objective_pair), from '
-                   f'$OUT/{os.path.relpath(initial_hf, self.out)}, beta {run.value:g}, lr {options["learning_rate"]:g}; '
+                   f'$OUT/{os.path.relpath(initial_hf, self.out)}, beta {run.value:g}, '
+                   f'lr {options["learning_rate"]:g}; '
                    f'evaluated as --task.policy.initial_model $OUT/{os.path.relpath(policy_hf, self.out)}')
         return command, [dict(value=run.value, **point, pairs=pairs, samples=0, optimizer_steps=trained['steps'],
                               dpo_final_loss=trained.get('final_loss'),

@@ -32,7 +32,8 @@ LABELS = dict(ppo='offline PPO (kl_coef)', ppo_nofilter='offline PPO without the
 
 # Best-of-n's and DPO's runs from before one objective (no 'objective' in their identity: sweep.py): best-of-n ranked
 # by the reward model alone, DPO trained on every labelled pair. Their curves are their own, and say so.
-EARLIER = dict(best_of_n='best-of-n by the reward model alone (n; KL: the bound)', dpo='DPO, TRL, every labelled pair (beta)')
+EARLIER = dict(best_of_n='best-of-n by the reward model alone (n; KL: the bound)',
+               dpo='DPO, TRL, every labelled pair (beta)')
 
 # The arms, each one's knob, and the file that marks a run finished (written last by sweep.py, read here).
 ARMS = ('ppo', 'ppo_nofilter', 'ppo_4x', 'online', 'best_of_n', 'dpo')

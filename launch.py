@@ -266,13 +266,13 @@ def launch_train_policy(exp, name, dry_run=False, mpi=None, procs=None, save_dir
     launch_commands.check_name(name)
     trials = launch_commands.get_trials(get_experiments(), 'train_policy', exp)
     from lm_human_preferences import train_policy  # lazily: it pulls in the models and datasets
-    from lm_human_preferences.training import run_checks
+    from lm_human_preferences.online import loop  # ours: train_policy's online loop, its checks
 
     launch.launch_trials(
-        name, fn=launch_commands.train_function(exp, train_policy, 'train_policy'), trials=trials,
+        name, fn=functools.partial(launch_commands.run_command, command='train_policy', exp=exp), trials=trials,
         mpi=launch_commands.default_mpi(exp) if mpi is None else mpi, procs=procs, save_dir=save_dir,
         hparam_class=train_policy.HParams, extra_hparams=extra_hparams, dry_run=dry_run,
-        hparams_for_ranks=run_checks.check_policy_ranks,
+        hparams_for_ranks=loop.check_hparams,
         derive=functools.partial(launch_commands.one_seed,
                                  reward_seed_given=launch_commands.REWARD_SEED in extra_hparams))
 
@@ -287,7 +287,7 @@ def launch_train_reward(exp, name, dry_run=False, mpi=None, procs=None, save_dir
     from lm_human_preferences.training import run_checks
 
     launch.launch_trials(
-        name, fn=launch_commands.train_function(exp, train_reward, 'train_reward'), trials=trials,
+        name, fn=functools.partial(launch_commands.run_command, command='train_reward', exp=exp), trials=trials,
         mpi=launch_commands.default_mpi(exp) if mpi is None else mpi, procs=procs, save_dir=save_dir,
         hparam_class=train_reward.HParams, extra_hparams=extra_hparams, dry_run=dry_run,
         hparams_for_ranks=run_checks.check_reward_ranks)

@@ -19,7 +19,7 @@ from lm_human_preferences import lm_tasks, sample_commands, train_policy
 from lm_human_preferences.language import trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import command_line, launch, passes, ranks, workers
+from lm_human_preferences.utils import command_line, launch, passes, ranks
 
 
 def sample_policy(save_dir=None, savescope='policy', temperature=1.0, seed=None, batch_size=4, nsamples=0):
@@ -78,7 +78,7 @@ def launch_sample(save_dir=None, savescope='policy', temperature=1.0, seed=None,
 
 
 # `--help` for the options left unset.
-launch_sample.option_help = dict(save_dir=command_line.REQUIRED, seed='random', procs=workers.PROCS_HELP)
+launch_sample.option_help = dict(save_dir=command_line.REQUIRED, seed='random', procs=launch.PROCS_HELP)
 
 # A dict of commands, as the original (launch.main is its fire-like command line).
 COMMANDS = dict(

@@ -1,22 +1,27 @@
 """Ours: what launch.py's commands add to the original's: the run name's check, the experiments' default ranks,
-the offline experiments' own entry points (offline_experiments.py), one seed for a whole run, each command's
-`--help`, and our commands `label` and `export_labels` (labeling/) and `frontier` (frontier/)."""
+what each command runs (the offline experiments' engine on theirs, the trainers on the others, the experiment's
+question passed down), one seed for a whole run, each command's `--help`, and our commands `label` and
+`export_labels` (labeling/) and `frontier` (frontier/). Light to import: a command's --help needs no torch."""
 
 import functools
 import os
 import tempfile
 
 from lm_human_preferences import offline_experiments
-from lm_human_preferences.utils import command_line, launch, workers
+from lm_human_preferences.utils import command_line, launch
 from lm_human_preferences.utils.command_line import ConfigError
 
 
 def get_trials(experiment_dict, command, exp):
+    """exp's trials, for a command that runs: every offline experiment declared first, so that their models and
+    labelers are known by name to the checks at launch (task.policy.initial_model, online.labeler)."""
     try:
-        return experiment_dict[exp]
+        trials = experiment_dict[exp]
     except KeyError:
         raise ConfigError(
             f"Couldn't find experiment '{exp}' for {command} (choose from: {', '.join(experiment_dict)})") from None
+    offline_experiments.experiments()
+    return trials
 
 
 def check_name(name):
@@ -33,19 +38,36 @@ PAPER_RANKS = 8
 
 # Ours: the offline experiments (offline_experiments.py) each run by their package: it makes its initial model and
 # labels, runs the trainer, then reports (offline/experiment.py).
-ONE_RANK_EXPERIMENTS = ('test', *offline_experiments.PACKAGES)
+ONE_RANK_EXPERIMENTS = ('test', *offline_experiments.NAMES)
 
 
 def default_mpi(exp):
     return 1 if exp in ONE_RANK_EXPERIMENTS else PAPER_RANKS
 
 
-def train_function(exp, trainer, command):
-    """The function that runs `command` ('train_policy' / 'train_reward') for exp: the trainer's train,
-    or an offline experiment's own command (lazily imported: it pulls in the models and datasets)."""
-    if exp in offline_experiments.PACKAGES:
-        return getattr(offline_experiments.package(exp), command)
-    return trainer.train
+def run_command(hparams, *, command, exp):
+    """Runs `command` ('train_policy' / 'train_reward') of exp on hparams, in each process of the run: every offline
+    experiment declared first (their models and labelers known by name here too), then an offline experiment's engine
+    on it, or the trainer (train_policy's with its online loop, which asks people the experiment's question). What
+    it imports pulls in the models and datasets."""
+    experiments = dict(zip(offline_experiments.NAMES, offline_experiments.experiments()))
+    if exp in experiments:
+        from lm_human_preferences.offline import experiment as offline_engine
+        return getattr(offline_engine, command)(experiments[exp], hparams)
+    if command == 'train_policy':
+        from lm_human_preferences.online import loop
+        return loop.train(hparams, instructions=instructions(exp))
+    from lm_human_preferences import train_reward
+    return train_reward.train(hparams)
+
+
+def instructions(exp):
+    """What the labeling page asks on exp's task, by label kind: an offline experiment's labeler's rule in words, a
+    paper experiment's instructions (labeling/questions.py), else the generic questions."""
+    if exp in offline_experiments.NAMES:
+        return offline_experiments.experiment(exp).labeler.instruction
+    from lm_human_preferences.labeling import questions
+    return questions.INSTRUCTIONS.get(exp, questions.GENERIC_INSTRUCTION)
 
 
 REWARD_SEED = 'rewards.train_new_model.run.seed'
@@ -75,14 +97,13 @@ def label_command(reward_experiments):
         check_name(name)
         from lm_human_preferences import train_reward
         from lm_human_preferences.labeling import command
-        offline = offline_experiments.experiment(exp) if exp in offline_experiments.PACKAGES else None
         prepare_task = None
-        if offline is not None:  # its initial model is pretrained once, as its trainers' runs do
+        if exp in offline_experiments.NAMES:  # its initial model is pretrained once, as its trainers' runs do
             from lm_human_preferences.offline import experiment as offline_engine
-            prepare_task = functools.partial(offline_engine.resolve_initial_model, offline)
-        fn = functools.partial(command.label_session, offline=offline, policy=policy, validation=validation, num=num,
-                               labelers=labelers, host=host, port=port, overlap=overlap, origin=origin,
-                               prepare_task=prepare_task)
+            prepare_task = functools.partial(offline_engine.resolve_initial_model, offline_experiments.experiment(exp))
+        fn = functools.partial(command.label_session, instructions=instructions(exp), policy=policy,
+                               validation=validation, num=num, labelers=labelers, host=host, port=port,
+                               overlap=overlap, origin=origin, prepare_task=prepare_task)
         launch.launch_trials(name, fn=fn, trials=get_trials(reward_experiments(), 'label', exp), mpi=1,
                              procs=1, save_dir=save_dir or command.default_save_dir(), hparam_class=train_reward.HParams,
                              extra_hparams=extra_hparams)
@@ -123,9 +144,9 @@ def frontier_command(train_policy, train_reward, policy_experiments):
         from the finished runs, in seconds.
         --dotted.hparams go to every run (train_policy's names; rewards.train_new_model.* to the reward models)."""
         from lm_human_preferences.frontier import sweep, table
-        if exp not in offline_experiments.PACKAGES:
+        if exp not in offline_experiments.NAMES:
             raise ConfigError(f"frontier runs an offline experiment, whose labeler scores every arm (choose from: "
-                              f"{', '.join(offline_experiments.PACKAGES)}); got '{exp}'")
+                              f"{', '.join(offline_experiments.NAMES)}); got '{exp}'")
         arm_list = sweep.parse_list('arms', arms, str, allowed=sweep.ARMS)
         seed_list = sweep.parse_list('seeds', seeds, int)
         point_lists = sweep.parse_points(points, arm_list)
@@ -168,7 +189,7 @@ def frontier_command(train_policy, train_reward, policy_experiments):
 
 
 # `COMMAND --help`: the experiments, and the hparams most often set (`--dry_run` prints all of them).
-OFFLINE = ', '.join(offline_experiments.PACKAGES)
+OFFLINE = ', '.join(offline_experiments.NAMES)
 INITIAL_MODELS = f"'124M' (GPT-2, downloaded), a model dir, a Hugging Face GPT-2 (folder or hub name), 'test', {OFFLINE}"
 RUN_HPARAMS = {
     'run.seed': 'random seed (each rank: seed + 100003 * rank)',
@@ -226,4 +247,4 @@ def describe(command, name, experiments):
     command.help_sections = help_sections(name, experiments)
     command.option_help = dict(
         mpi=f"the experiment's: 1 for {', '.join(ONE_RANK_EXPERIMENTS)}, {PAPER_RANKS} for the paper's",
-        procs=workers.PROCS_HELP)
+        procs=launch.PROCS_HELP)

@@ -1,29 +1,20 @@
-"""Ours: the offline experiments, by name: the package that declares each (its OfflineExperiment, its bindings,
-its query dataset; offline/ is their engine). launch.py, sample.py and language/trained_models.py read this table;
-a package is imported only when it is asked for (it pulls in the trainers, and registers its query dataset)."""
+"""Ours, the launcher's: the offline experiments by name, each a package that declares its OfflineExperiment (its
+experiment.py; offline/ is their engine) and its bindings (bindings.py). launch.py, sample.py and their commands
+read this table; no layer below them asks which experiments exist: what one needs of an experiment is passed down
+(its question, to the labeling session and the online loop) or declared to it (its query dataset, initial model
+and labeler, by name)."""
 
-import importlib
-
-PACKAGES = dict(demo='lm_human_preferences.demo', sentiment_mini='lm_human_preferences.sentiment_mini')
-# Their labelers (each experiment's Labeler.name), the programs the online loop can ask: --online.labeler NAME.
-LABELERS = dict(rule='demo', vader='sentiment_mini')
-
-
-def package(name):
-    """The package of the offline experiment `name` (its train_policy / train_reward entry points, EXPERIMENT)."""
-    return importlib.import_module(PACKAGES[name])
+NAMES = ('demo', 'sentiment_mini')
 
 
 def experiment(name):
-    """The OfflineExperiment `name` (offline/experiment.py)."""
-    return package(name).EXPERIMENT
-
-
-def labeler(name):
-    """The program labeler `name` (LABELERS): its experiment's Labeler (offline/experiment.py)."""
-    return experiment(LABELERS[name]).labeler
+    """The OfflineExperiment `name`, declared when first asked for (it pulls in the trainers and torch), read at call
+    time (tests shorten it)."""
+    from lm_human_preferences import demo, sentiment_mini
+    return dict(demo=demo, sentiment_mini=sentiment_mini)[name].EXPERIMENT
 
 
 def experiments():
-    """Every OfflineExperiment, in the table's order."""
-    return [experiment(name) for name in PACKAGES]
+    """Every OfflineExperiment, in the table's order, declared: a command that runs declares them all first, so that
+    their models and labelers are known by name (task.policy.initial_model, online.labeler) whatever the run's."""
+    return [experiment(name) for name in NAMES]

@@ -106,14 +106,16 @@ OTHER_MODULES = [
     ('—', '`lm_human_preferences/demo/`',
      'new: the offline demo in its own package (its engine is `offline/`)'),
     ('—', '`lm_human_preferences/offline_experiments.py`',
-     'new: the one registry of offline experiments (name: package), which `launch.py`, `sample.py` and '
-     '`language/trained_models.py` read'),
+     "new: the launcher's table of the offline experiments, which `launch.py`, `sample.py` and their commands read; "
+     'each experiment declares its model and labeler by name to the layers below (`OfflineExperiment.declare`)'),
     ('—', '`lm_human_preferences/sentiment_mini/`',
      'new: the sentiment task in miniature (two public-domain books, VADER as the labeler)'),
     ('—', '`lm_human_preferences/labeling/`',
      'new: labels from people, which the original could not collect (docs/labeling.md)'),
-    ('—', '`lm_human_preferences/online/loop.py`',
-     "new: the paper's online loop (`train_policy --online.retrains K`), which the original did not ship"),
+    ('—', '`lm_human_preferences/online/loop.py`, `labeling/online_hparams.py`',
+     "new: the paper's online loop (`train_policy --online.retrains K`), which the original did not ship: above "
+     "both trainers, a callback on train_policy's loop (`training/callbacks.py`); its settings, train_policy's "
+     "`online.*`"),
     ('—', '`lm_human_preferences/beside_original.py`, `definition_diff.py`, `porting_map.py`',
      "new: the page that sets the original beside ours, the pairs of definitions and their diffs, and this map"),
     ('—', '`benchmarks/`', 'new: throughput, ops dispatched, memory by phase, AdamTF'),

@@ -14,11 +14,12 @@ import torch.nn.functional as F
 
 from lm_human_preferences import lm_tasks, train_reward
 from lm_human_preferences.language import sample, trained_models
-from lm_human_preferences.online import loop as online_loop
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.rewards import TrainedRewardModel
+from lm_human_preferences.labeling.online_hparams import OnlineHParams
 from lm_human_preferences.training import execution, memory, run_checks, train_state
 from lm_human_preferences.training.adam import AdamTF
+from lm_human_preferences.training.callbacks import Callbacks
 from lm_human_preferences.training.execution import Execution
 from lm_human_preferences.training.progress import Progress
 from lm_human_preferences.training.run import Run
@@ -86,7 +87,7 @@ class HParams(hyperparams.HParams):
     task: lm_tasks.TaskHParams = field(default_factory=lm_tasks.TaskHParams)
     rewards: RewardHParams = field(default_factory=RewardHParams)
     ppo: PpoHParams = field(default_factory=PpoHParams)
-    online: online_loop.OnlineHParams = field(default_factory=online_loop.OnlineHParams)  # ours: online/loop.py
+    online: OnlineHParams = field(default_factory=OnlineHParams)  # ours: the online loop's (online/loop.py)
 
     def override_from_dict(self, flat_dict, separator='.'):
         """Ours: while rewards.train_new_model is on, a `task.X` value sets `rewards.train_new_model.task.X` too
@@ -113,7 +114,6 @@ class HParams(hyperparams.HParams):
                              f"insufficient for whitening in PPOTrainer.loss (needs >= 8): use "
                              f"--{prefix}ppo.batch_size {8 * ppo.nminibatches} or more, fewer "
                              f"--{prefix}ppo.nminibatches, or --{prefix}ppo.whiten_rewards false")
-        online_loop.check_hparams(self, nupdates(self), prefix=prefix)
 
 
 def chain_reward_model(hparams: HParams):
@@ -538,9 +538,10 @@ def resume(run, ppo_trainer, m):
     return save
 
 
-def train(hparams: HParams):
+def train(hparams: HParams, callbacks=()):
     """Ours: rerun with the same hparams and save dir, it resumes from the last training states there. In order: the
-    checks, the save dir, the reward model, the execution, the models, the data, the trainer, the loop."""
+    checks, the save dir, the reward model, the execution, the models, the data, the trainer, the loop. callbacks:
+    what a caller adds to the loop (training/callbacks.py; the online loop, online/loop.py)."""
     # At launch already (validate, the rank checks); here for callers of train(), before any work.
     run_checks.check_reward_task(hparams)
     run_checks.check_policy_ranks(hparams, ranks.get_world_size())
@@ -586,16 +587,13 @@ def train(hparams: HParams):
 
         # Ours: a rerun resumes from the save dir's last training state.
         save = resume(run, ppo_trainer, m)
-        # Ours: the paper's online loop (online/loop.py): the reward model retrained on new labels as PPO goes.
-        online = online_loop.OnlineLoop(hparams, ppo_trainer=ppo_trainer, score_model=score_model, run=run, save=save,
-                                        restore=lambda: resume(run, ppo_trainer, m), nupdates=nupdates(hparams)
-                                        ) if hparams.online.retrains else None
+        callbacks = Callbacks(callbacks, ppo_trainer=ppo_trainer, score_model=score_model, run=run, save=save,
+                              restore=lambda: resume(run, ppo_trainer, m))
 
         # Ours: the original's `finally: save()`, Ctrl-C, the learning curves and a summary (training/run.py).
-        with run.training(step=lambda: ppo_trainer.global_step, save=save), online_loop.running(online):
+        with run.training(step=lambda: ppo_trainer.global_step, save=save), callbacks.around_training():
             while ppo_trainer.global_step < nupdates(hparams):
-                if online is not None:
-                    online.before_step()
+                callbacks.on_step_begin()
                 ppo_trainer.step()
                 ppo_trainer.global_step += 1
 

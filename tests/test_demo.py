@@ -70,7 +70,7 @@ def test_a_model_of_another_encoding_is_one_line_before_any_work(tmp_path, monke
     hparams.override_from_dict({k: v for k, v, _ in top_launch.get_experiments()['demo'][0] if k is not None})
     hparams.override_from_dict({'task.policy.initial_model': str(tmp_path / 'bpe'), 'run.save_dir': str(tmp_path / 'run')})
     with pytest.raises(ValueError) as e:
-        demo.train_policy(hparams)
+        top_launch.launch_commands.run_command(hparams, command='train_policy', exp='demo')
     assert str(e.value) == (f"task.policy.initial_model {tmp_path / 'bpe'} is a model of the 'main' encoding; the demo "
                             f"experiment runs on the 'test' encoding (the original's 26 letters and '.'): a model of "
                             f"GPT-2's BPE (`main`, a Hugging Face GPT-2 included) runs on the sentiment_mini experiment "

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from lm_human_preferences import label_types, lm_tasks, train_policy, train_reward
-from lm_human_preferences.labeling import export, questions, session as session_module, store as store_module
+from lm_human_preferences import label_types, lm_tasks, train_reward
+from lm_human_preferences.labeling import export, questions, store as store_module
 from lm_human_preferences.labeling.server import LabelServer
 from lm_human_preferences.labeling.store import LabelStore, LabelingError
 from lm_human_preferences.language import encodings, trained_models
@@ -679,12 +679,6 @@ def launcher():
     return module
 
 
-def experiment_hparams(trials, cls):
-    hparams = cls()
-    hparams.override_from_dict({k: v for k, v, _ in trials[0] if k is not None})
-    return hparams
-
-
 @pytest.mark.parametrize('experiment, asks', [
     ('sentiment', 'Which continuation is the most positive and happy?'),
     ('descriptiveness', 'Which continuation is the most vividly descriptive?'),  # the same dataset as sentiment
@@ -694,10 +688,8 @@ def experiment_hparams(trials, cls):
     ('demo', "Which response has the most letters 'e'?"),
     ('test', 'Which response is the best?'),
 ])
-def test_the_label_command_and_the_online_loop_ask_the_tasks_question(experiment, asks):
-    """One lookup: the label command's hparams (a train_reward experiment) and the online loop's (train_policy's
-    rewards.train_new_model) give the same question, the task's (not the query dataset's)."""
-    top = launcher()
-    for_label = experiment_hparams(top.get_train_reward_experiments()[experiment], train_reward.HParams)
-    for_online = experiment_hparams(top.get_experiments()[experiment], train_policy.HParams).rewards.train_new_model
-    assert session_module.instruction(for_label) == session_module.instruction(for_online) == asks
+def test_the_launcher_passes_down_the_experiments_question(experiment, asks):
+    """One place: the launcher gives the label command and the online loop the experiment's question (the task's,
+    not the query dataset's); a running loop's hparams name resolved models and label files, not their experiment
+    (tests/test_online.py runs the loop with people on the demo)."""
+    assert launcher().launch_commands.instructions(experiment)['best'] == asks

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -176,6 +177,25 @@ def test_help_on_every_command_and_sub_command(capsys, monkeypatch):
                 assert f'\n  {exp} ' in out
             assert '--mpi 8: books queries (64+24 tokens), model 124M' in out
             assert 'most used hparams' in out and '--run.microbatch_size' in out and '--ppo.lr' in out
+
+
+def test_the_command_line_describes_itself_without_torch():
+    """`launch.py --help` and each command's --help import no torch (it is imported when a command runs): not the
+    launcher's bindings (demo/, sentiment_mini/ keep their experiments for when they are asked for), not the
+    commands' descriptions. Imported, torch alone took seconds of a 2-core CPU's start-up."""
+    script = textwrap.dedent("""
+        import runpy, sys
+        for argv in (['--help'], ['train_policy', '--help'], ['train_reward', '--help'], ['label', '--help']):
+            sys.argv = ['launch.py', *argv]
+            try:
+                runpy.run_path('launch.py', run_name='__main__')
+            except SystemExit as e:
+                assert e.code == 0, (argv, e.code)
+        print('modules:', ' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'numpy'))))
+    """)
+    proc = subprocess.run([sys.executable, '-c', script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and 'usage: launch.py train_policy EXP NAME' in proc.stdout, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1] == 'modules: ', proc.stdout.splitlines()[-1][:300]
 
 
 def test_help_says_what_an_unset_option_means(capsys, monkeypatch):

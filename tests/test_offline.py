@@ -31,6 +31,7 @@ def test_an_offline_experiments_model_name_is_known_at_launch(tmp_path, monkeypa
     """`demo` and `sentiment_mini` name the models their experiments make (their context length checked at
     launch), not hub models; elsewhere, before it is made, the name is one line saying which command makes it."""
     monkeypatch.setenv('LMHP_SAVED_MODELS_DIR', str(tmp_path))  # not the session's cache: the demo test made one
+    assert demo.EXPERIMENT and sentiment_mini.EXPERIMENT  # declared (as the launcher declares them before its checks)
     assert model_sources.model_source('demo') == model_sources.model_source('sentiment_mini') == 'offline'
     assert trained_models.known_n_ctx('sentiment_mini') == sentiment_mini.EXPERIMENT.pretrain.n_ctx == 96
     with pytest.raises(FileNotFoundError, match=r"^model 'demo' is the demo experiment's initial model, which is not "
@@ -346,9 +347,15 @@ def test_a_stop_in_a_phase_says_what_a_rerun_does(capsys):
     assert capsys.readouterr().err == '' and set(phases.seconds()) == {'labels', 'train_policy'}
 
 
-def test_the_program_labelers_table_names_each_experiments_labeler():
-    """offline_experiments.LABELERS (the online loop's --online.labeler NAME) agrees with each experiment's Labeler."""
+def test_each_experiment_declares_its_model_and_labeler_by_name():
+    """The launcher's table (offline_experiments.NAMES) declares every experiment; each tells the layers below its
+    initial model (its context length: language/model_sources.py) and its labeler (--online.labeler NAME:
+    labeling/programs.py), which ask no registry of experiments."""
     from lm_human_preferences import offline_experiments
-    assert sorted(offline_experiments.LABELERS.values()) == sorted(offline_experiments.PACKAGES)
-    for name, exp in offline_experiments.LABELERS.items():
-        assert offline_experiments.labeler(name).name == name == offline_experiments.experiment(exp).labeler.name
+    from lm_human_preferences.labeling import programs
+    declared = offline_experiments.experiments()
+    assert [exp.name for exp in declared] == list(offline_experiments.NAMES) == ['demo', 'sentiment_mini']
+    for exp in declared:
+        assert model_sources.OFFLINE_MODELS[exp.name] == exp.pretrain.n_ctx
+        assert programs.LABELERS[exp.labeler.name] is exp.labeler
+    assert sorted(programs.LABELERS) == ['rule', 'vader']

@@ -322,6 +322,45 @@ def test_people_are_never_asked_twice_across_a_kill(tmp_path):
     assert (session / 'done.json').exists()
 
 
+# The demo shrunk to seconds (its model, held-out labels and eval queries), then launch.py as the command line runs it.
+SHRUNK_DEMO = """
+import dataclasses, runpy, sys
+from lm_human_preferences import demo
+exp = demo.EXPERIMENT
+demo.EXPERIMENT = dataclasses.replace(exp, held_out_labels=8, eval_queries=8, pretrain=dataclasses.replace(
+    exp.pretrain, n_layer=1, n_embd=8, n_head=2, steps=2, batch_size=2))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+def test_people_on_the_demo_are_asked_the_demos_question(tmp_path):
+    """The running loop asks people the experiment's question, which the launcher passes down (its hparams name the
+    demo's resolved model folder and label file, not the experiment: a lookup from them asked the generic one)."""
+    port = free_port()
+    args = ['--rewards.train_new_model.labels.num_train', '16', '--rewards.train_new_model.batch_size', '8',
+            '--rewards.train_new_model.normalize_samples', '8', '--rewards.train_new_model.rollout_batch_size', '8',
+            '--ppo.batch_size', '32', '--ppo.total_episodes', '64', '--run.log_interval', '100',
+            '--online.retrains', '1', '--online.labeler', 'people', '--online.num_labels', '8',
+            '--online.port', str(port)]
+    proc = launch_cli('train_policy', tmp_path, args, exp='demo', driver=SHRUNK_DEMO)
+    try:
+        deadline, reply = time.time() + 240, None
+        while proc.poll() is None and time.time() < deadline:
+            try:
+                reply = api(port, 'GET', '/api/next?labeler=ann')
+            except OSError:  # not serving yet
+                reply = None
+            if reply is not None and reply['state'] == 'question':
+                break
+            time.sleep(0.5)
+    finally:
+        proc.kill()
+        out, err = proc.communicate()
+    assert reply is not None and reply['state'] == 'question', err[-3000:]
+    assert reply['instruction'] == "Which response has the most letters 'e'?"
+
+
 @pytest.mark.parametrize('extra, says', [
     (['--online.retrains', '2'], "'online.labeler' is None: with online.retrains, name who labels: 'people'"),
     (['--online.retrains', '2', '--online.labeler', 'robot'], "'online.labeler' is 'robot'"),

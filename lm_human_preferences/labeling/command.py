@@ -52,13 +52,13 @@ def _run_policy(save_dir, task):
     return _policy(trained_models.TrainedModel(name='policy', savedir=os.path.join(save_dir, 'policy')), task)
 
 
-def label_session(hparams, *, offline, policy=None, validation=None, num=100, labelers=None,
+def label_session(hparams, *, instructions, policy=None, validation=None, num=100, labelers=None,
                   host='127.0.0.1', port=0, overlap=0.05, origin=None, question_batch=session_module.QUESTION_BATCH,
                   prepare_task=None):
     """Serve the session in hparams.run.save_dir (a train_reward experiment's hparams: its task, labels.type and
-    run.seed) until num labels are given; returns the store. offline: the OfflineExperiment (or None);
-    prepare_task(task, run_seed): what makes the task's initial model first (an offline experiment's pretraining,
-    which the launcher passes); origin: the page's public address behind a reverse proxy. Every bad argument is
+    run.seed) until num labels are given; returns the store. instructions: what the page asks, by label kind;
+    prepare_task(task, run_seed): what makes the task's initial model first (an offline experiment's pretraining):
+    both the experiment's, which the launcher passes; origin: the page's public address behind a reverse proxy. Every bad argument is
     one line before anything is made; the page is up before the first questions are made."""
     task, label_type, seed = hparams.task, hparams.labels.type, hparams.run.seed or 0
     directory = hparams.run.save_dir
@@ -84,8 +84,7 @@ def label_session(hparams, *, offline, policy=None, validation=None, num=100, la
         with run_folders.locked_save_dir(directory):
             store = session_module.open_session(
                 directory, hparams, encoding=initial_model.encoding.name, labelers=parse_labelers(labelers),
-                overlap=overlap, target=num, seed=seed, origin=made_from,
-                labeler=offline.labeler if offline is not None else None)
+                overlap=overlap, target=num, seed=seed, origin=made_from, instructions=instructions)
             store.set_target(num)
             return _serve(store, server, task=task, label_type=label_type, seed=seed, initial_model=initial_model,
                           run_dir=run_dir, validation=validation is not None, question_batch=question_batch)

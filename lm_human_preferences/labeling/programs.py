@@ -6,6 +6,10 @@ A labeler is anything with scores(responses [b, length], encoder) -> [b] (offlin
 import numpy as np
 import torch
 
+# The programs that can label, by name (--online.labeler NAME): each offline experiment declares its labeler
+# (offline/experiment.OfflineExperiment.declare).
+LABELERS = {}
+
 
 def pick_best(scores, rng):
     """Index of the highest score in each row of scores [n, N], ties broken at random by rng."""

@@ -1,6 +1,6 @@
 """Ours: what a model name names and where its files come from, for language/trained_models.py: a GPT-2 release,
 an original TF model dir or its https URL, our model dir, a Hugging Face GPT-2 (a local folder or a hub name), an
-offline experiment's initial model (offline_experiments.py); downloaded once, and converted once into a cache
+offline experiment's initial model (OFFLINE_MODELS: each experiment declares its own); downloaded once, and converted once into a cache
 dir under saved_models_dir()."""
 
 import contextlib
@@ -9,12 +9,15 @@ import hashlib
 import os
 import re
 
-from lm_human_preferences import offline_experiments
 from lm_human_preferences.language import checkpoints, convert_tf, hf_import
 from lm_human_preferences.utils import gcs
 
 GPT2_RELEASES = ('124M', '355M', '774M', '1558M')  # the names OpenAI published them under
 GPT2_N_CTX = 1024  # every GPT-2 release's context length
+# The initial models the offline experiments make, by name: their context length. Each experiment declares its own
+# (offline/experiment.OfflineExperiment.declare), as a dataset registers its name: this layer asks no registry of
+# experiments.
+OFFLINE_MODELS = {}
 
 
 def local_dir(name, savedir=None):
@@ -131,7 +134,7 @@ def model_source(name):
         return 'url'
     if os.path.exists(name):
         return 'dir'
-    if name in offline_experiments.PACKAGES:
+    if name in OFFLINE_MODELS:
         return 'offline'
     if hf_import.is_hub_name(name) and ('/' in name or name in HUB_GPT2_NAMES):
         return 'hub'

@@ -8,7 +8,6 @@ other names a model may have, and the downloads and conversions they need, are l
 import copy
 import os
 
-from lm_human_preferences import offline_experiments
 from lm_human_preferences.language import checkpoints, encodings, hf_import, model, model_sources
 from lm_human_preferences.utils import gcs, ranks
 
@@ -98,7 +97,7 @@ def known_n_ctx(name):
     if source == 'release':
         return model_sources.GPT2_N_CTX
     if source == 'offline':
-        return offline_experiments.experiment(name).pretrain.n_ctx
+        return model_sources.OFFLINE_MODELS[name]
     if source == 'dir':
         model_sources.check_dir(name)
         if hf_import.is_hf_folder(name):

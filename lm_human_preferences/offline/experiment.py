@@ -10,8 +10,8 @@ human labelers. `python launch.py train_policy <its name> NAME` then runs:
 4. a report (report.py).
 
 `python launch.py train_reward <its name> NAME` runs steps 1-3 for the reward model only and reports its
-accuracy. An experiment package (demo/, sentiment_mini/) declares its OfflineExperiment and its bindings and
-registers its query dataset, so that nothing else in the library knows its name. Every step is collective
+accuracy. An experiment package (demo/, sentiment_mini/) declares its OfflineExperiment (its model and labeler, by name:
+OfflineExperiment.declare) and its bindings and registers its query dataset, so that only the launcher knows it. Every step is collective
 under --mpi N: each rank samples its share (in its section, utils/ranks.py) and the process that carries rank
 0 writes the files.
 """
@@ -29,12 +29,14 @@ import torch
 from lm_human_preferences import label_types
 from lm_human_preferences import train_policy as train_policy_module
 from lm_human_preferences import train_reward as train_reward_module
-from lm_human_preferences.language import encodings, trained_models
+from lm_human_preferences.labeling import programs
+from lm_human_preferences.language import encodings, model_sources, trained_models
 from lm_human_preferences.offline.report import (best_of_n_rows, finish, online_report, policy_report, reward_report,
                                                   reward_model_on_samples, sample_scores, score_report)
 from lm_human_preferences.offline.labels import (bag_of_words_accuracy, cache_path, labeler_ceiling, labels_key,
                                                  make_labels)
 from lm_human_preferences.offline.pretrain import PretrainHParams, ensure_pretrained
+from lm_human_preferences.online import loop as online_loop
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import cpu, files, ranks
 
@@ -76,6 +78,14 @@ class OfflineExperiment:
     eval_queries: int = 256
     cpu_threads: int = 1
     encoding_note: str = ''  # what the encoding is, and where a model of another one runs (an error says it)
+
+    def declare(self):
+        """Tells the layers below what this experiment serves, by name, as its query dataset registers its own: its
+        initial model (language/model_sources.py: the launch-time checks) and its labeler (labeling/programs.py:
+        --online.labeler NAME). Returns the experiment."""
+        model_sources.OFFLINE_MODELS[self.name] = self.pretrain.n_ctx
+        programs.LABELERS[self.labeler.name] = self.labeler
+        return self
 
 
 def check_initial_models(exp: OfflineExperiment, *tasks):
@@ -216,7 +226,8 @@ def train_reward(exp: OfflineExperiment, hparams: train_reward_module.HParams):
 
 
 def train_policy(exp: OfflineExperiment, hparams: train_policy_module.HParams):
-    """`launch.py train_policy <name>`: prepare, train_policy.train (reward model first), report."""
+    """`launch.py train_policy <name>`: prepare, train_policy.train (reward model first; the online loop's rounds with
+    online.retrains), report."""
     with cpu_threads(exp):
         return _train_policy(exp, hparams)
 
@@ -293,7 +304,7 @@ def _train_policy(exp, hparams):
             references = prepare_reward_training(exp, reward_hparams, save_dir)
 
     with phases('training'):
-        train_policy_module.train(hparams)
+        online_loop.train(hparams, instructions=exp.labeler.instruction)  # train_policy.train, with its online loop
     if reward_hparams is not None:
         # train_policy.train trains the reward model first: the reward model's last write ends that phase.
         phases.split('training', 'train_reward', 'train_policy', at=_last_write(os.path.join(save_dir, 'reward_model')))

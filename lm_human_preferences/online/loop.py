@@ -6,7 +6,8 @@ y2, y3 ~ pi) were asked at a constant rate, their labels say how often pi beats 
 reward model's training labels.
 
 With `--online.retrains K`, train_policy trains the reward model on the labels at hand (rewards.train_new_model,
-as without it), then at K evenly spaced PPO steps (step k * nupdates // (K + 1), k = 1..K):
+as without it), then, as a callback on its training loop (train()), at K evenly spaced PPO steps
+(step k * nupdates // (K + 1), k = 1..K):
 1. ask: questions of the current policy pi (and a share in the validation form, rho against pi) go to the
    labeler, a program (the offline experiments' labelers) or people on the labeling page (PPO waits for them);
 2. retrain: train_reward from a fresh head on rho, one epoch over every label so far (the first training's,
@@ -23,88 +24,38 @@ round's step (also when nothing was interrupted: so a resumed run is the same, b
     <save_dir>/online/labelers.json     the labelers' secrets (people: the same links in every round)
 """
 
-import contextlib
 import copy
 import json
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
 
-from lm_human_preferences import label_types, offline_experiments
+from lm_human_preferences import label_types, train_policy, train_reward
+from lm_human_preferences.labeling import programs
 from lm_human_preferences.labeling import questions as questions_module
 from lm_human_preferences.labeling import session as session_module
-from lm_human_preferences.labeling.programs import label_best
-from lm_human_preferences.labeling.server import LabelServer, check_origin, is_loopback
+from lm_human_preferences.labeling.online_hparams import PEOPLE, split_weights
+from lm_human_preferences.labeling.server import LabelServer
 from lm_human_preferences.labeling.store import DamagedSession, LabelStore, parse_labelers
 from lm_human_preferences.rewards import TrainedRewardModel
+from lm_human_preferences.training import run_checks
 from lm_human_preferences.training.progress import PRINT_EVERY_S
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import files, hyperparams, ranks
 
-PEOPLE = 'people'
 
-
-@dataclass
-class OnlineHParams(hyperparams.HParams):
-    retrains: int = 0  # K: after the first training, the reward model is retrained K times as PPO goes (0: off)
-    num_labels: Optional[int] = None  # new labels over all K rounds (default: K * labels.num_train)
-    split: str = 'even'  # how num_labels divide over the rounds: 'even', or K weights 'w1,w2,...'
-    labeler: Optional[str] = None  # 'people' (the labeling page), or a program: 'rule' (demo), 'vader' (sentiment_mini)
-    validation_share: float = 0.1  # of each round's questions, the share in the validation form (rho against pi)
-    host: str = '127.0.0.1'  # people: the page's address (another than loopback needs labelers)
-    port: int = 8765
-    labelers: Optional[str] = None  # people: 'alice,bob', a link with a secret each (None: anyone names themselves)
-    origin: Optional[str] = None  # people: the address they open when a reverse proxy serves the page (https://NAME)
-
-    def validate(self, *, prefix=''):
-        super().validate(prefix=prefix)
-        require = hyperparams.require
-        require(self.retrains >= 0, prefix + 'retrains', self.retrains, 'it must be at least 0 (0: off)')
-        require(self.num_labels is None or self.num_labels > 0, prefix + 'num_labels', self.num_labels,
-                'it must be at least 1')
-        require(hyperparams.nonnegative(self.validation_share) and self.validation_share < 1,
-                prefix + 'validation_share', self.validation_share, 'it must be a number from 0 to under 1')
-        require(isinstance(self.port, int) and 0 <= self.port <= 65535, prefix + 'port', self.port,
-                'it must be a port number from 0 to 65535 (0 picks a free one)')
-        if self.retrains:
-            require(self.labeler in (PEOPLE, *offline_experiments.LABELERS), prefix + 'labeler', self.labeler,
-                    f"with {prefix}retrains, name who labels: '{PEOPLE}' (the labeling page), or a program: "
-                    + ', '.join(f"'{k}' ({v}'s)" for k, v in offline_experiments.LABELERS.items()))
-            split_weights(self, prefix=prefix)
-            try:
-                check_origin(self.origin)
-            except ValueError as e:
-                raise hyperparams.HParamValueError(f"hyperparameter '{prefix}origin': {e}") from None
-            if self.labeler == PEOPLE and (not is_loopback(self.host) or self.origin is not None):
-                require(self.labelers is not None, prefix + 'labelers', self.labelers,
-                        f'with {prefix}host {self.host}' + (f' {prefix}origin {self.origin}' if self.origin else '')
-                        + ' (beyond this machine) name the labelers, e.g. alice,bob: each gets a link with a secret')
-            if self.labelers is not None:
-                try:
-                    parse_labelers(self.labelers)
-                except ValueError as e:
-                    raise hyperparams.HParamValueError(f"hyperparameter '{prefix}labelers': {e}") from None
-
-
-def split_weights(online, *, prefix=''):
-    """The rounds' weights: [1] * K for 'even', else the K numbers of online.split."""
-    if online.split == 'even':
-        return [1.0] * online.retrains
-    try:
-        weights = [float(w) for w in online.split.split(',')]
-    except ValueError:
-        weights = []
-    hyperparams.require(len(weights) == online.retrains and all(hyperparams.positive(w) for w in weights),
-                        prefix + 'split', online.split,
-                        f"'even', or {online.retrains} positive weights separated by commas (one a round)")
-    return weights
-
+def train(hparams, *, instructions=questions_module.GENERIC_INSTRUCTION):
+    """train_policy.train, with the online loop as its callback when online.retrains is set. instructions: what people
+    on the page are asked, by label kind (the experiment's question, which the launcher or the offline engine passes:
+    a running loop's hparams name resolved models and label files, not their experiment); a program labeler asks its
+    own rule."""
+    check_hparams(hparams, ranks.get_world_size())  # at launch already; here for callers of train(), before any work
+    callbacks = [OnlineLoop(hparams, instructions=instructions)] if hparams.online.retrains else []
+    return train_policy.train(hparams, callbacks=callbacks)
 
 def round_sizes(hparams):
     """The new labels of each round: online.num_labels split by the weights, each a multiple of the reward
@@ -122,9 +73,11 @@ def retrain_steps(hparams, nupdates):
     return [i * nupdates // (k + 1) for i in range(1, k + 1)]
 
 
-def check_hparams(hparams, nupdates, *, prefix=''):
-    """Ours, at launch: what the loop needs of train_policy's other hparams (one line each)."""
-    online = hparams.online
+def check_hparams(hparams, num_ranks, *, prefix=''):
+    """Ours, at launch (launch.py's train_policy, for its --mpi) and in train(): train_policy's rank checks, then what
+    the loop needs of train_policy's other hparams (one line each)."""
+    run_checks.check_policy_ranks(hparams, num_ranks)
+    online, nupdates = hparams.online, train_policy.nupdates(hparams)
     if not online.retrains:
         return
     reward = hparams.rewards.train_new_model
@@ -159,45 +112,36 @@ def check_hparams(hparams, nupdates, *, prefix=''):
                          f'rho against pi, which needs two responses or more; {reward.labels.type} has one: set it 0')
 
 
-@contextlib.contextmanager
-def running(loop):
-    """The loop started for the block (None: nothing), its page stopped after it."""
-    if loop is None:
-        yield
-        return
-    loop.start()
-    try:
-        yield
-    finally:
-        loop.stop()
-
-
 class OnlineLoop:
-    """The rounds of a train_policy run (see the module's docstring). train_policy calls start() once PPO has
-    resumed, then before_step() before each PPO batch. save() saves PPO's state at the current step; restore()
-    loads the newest saved one (train_policy.resume)."""
+    """The rounds of a train_policy run (see the module's docstring): a callback on train_policy's training loop
+    (training/callbacks.py), which tells it the run as PPO has resumed (on_train_begin: the PPO trainer, the score
+    model, the run, save() of PPO's state at the current step and restore() of the newest saved one), then calls
+    on_step_begin before each PPO batch and on_train_end after the last (or a stop)."""
 
-    def __init__(self, hparams, *, ppo_trainer, score_model, run, save, restore, nupdates):
+    def __init__(self, hparams, *, instructions):
         self.hparams = hparams
         self.online = hparams.online
         self.reward_hparams = hparams.rewards.train_new_model
-        self.ppo_trainer, self.score_model, self.run = ppo_trainer, score_model, run
-        self.save, self.restore = save, restore
-        self.steps = retrain_steps(hparams, nupdates)
+        self.nupdates = train_policy.nupdates(hparams)
+        self.steps = retrain_steps(hparams, self.nupdates)
         self.sizes = round_sizes(hparams)
-        self.nupdates = nupdates
         self.dir = os.path.join(hparams.run.save_dir, 'online')
         self.label_type = self.reward_hparams.labels.type
         self.people = self.online.labeler == PEOPLE
-        self.labeler = None if self.people else offline_experiments.labeler(self.online.labeler)
+        self.labeler = None if self.people else programs.LABELERS[self.online.labeler]
+        # What the page asks: a program's own rule in words, else the experiment's question.
+        self.instructions = instructions if self.labeler is None else self.labeler.instruction
+        self.ppo_trainer = self.score_model = self.run = self.save = self.restore = None  # on_train_begin's
         self.server = None
         self.initial = None  # the first training's labels: (train records, held-out records)
         self.scoring_round = 0  # the round whose reward model PPO scores with (0: the first training's)
 
     # ---------------------------------------------------------------------------------------------------
-    def start(self):
+    def on_train_begin(self, training):
         """At the start (or a resume) of PPO: the reward model of the last round finished at or before this step,
         and for people the page, up for the whole run."""
+        self.ppo_trainer, self.score_model, self.run = training.ppo_trainer, training.score_model, training.run
+        self.save, self.restore = training.save, training.restore
         step = self.ppo_trainer.global_step
         finished = [k for k, s in enumerate(self.steps, 1) if s <= step and self._finished(k)]
         if finished:
@@ -210,12 +154,12 @@ class OnlineLoop:
                 ''.join(f'\n  {name}: {self.server.link(name, secret)}' for name, secret in links.items())
                 if links else ' (each labeler gives a name)'), flush=True)
 
-    def stop(self):
+    def on_train_end(self, training):
         if self.server is not None:
             self.server.stop()
             self.server = None
 
-    def before_step(self):
+    def on_step_begin(self, training):
         """At a round's step: ask, retrain, reload the reward model and PPO's state (unless the round finished
         before a resume); then the round's stats at this step."""
         step = self.ppo_trainer.global_step
@@ -315,7 +259,7 @@ class OnlineLoop:
                 self._round_dir(k), self.reward_hparams, encoding=self.ppo_trainer.policy.trained_model.encoding.name,
                 labelers=self._labeler_secrets() or None, overlap=0.05 if self.people else 0.0,
                 target=self.sizes[k - 1], seed=self.hparams.run.seed or 0, origin=dict(round=k, step=self.steps[k - 1]),
-                labeler=self.labeler)
+                instructions=self.instructions)
         try:
             store = open_session()
         except DamagedSession as e:
@@ -347,8 +291,8 @@ class OnlineLoop:
         """The program's answer to every question of the round (each from the round's seed and the question's
         place alone: a rerun after a kill gives the answers not yet written the same values)."""
         samples = torch.tensor([[store.questions[q][key] for key in store.sample_keys] for q in store.order])
-        best = label_best(self.labeler, samples, self.ppo_trainer.policy.encoder,
-                          np.random.RandomState((self.hparams.run.seed or 0) * 1000 + k))
+        best = programs.label_best(self.labeler, samples, self.ppo_trainer.policy.encoder,
+                                   np.random.RandomState((self.hparams.run.seed or 0) * 1000 + k))
         todo = {q: int(b) for q, b in zip(store.order, best) if q not in store.answers}
         if todo:
             store.answer_many(self.online.labeler, todo)
@@ -382,7 +326,6 @@ class OnlineLoop:
     def _initial_labels(self):
         """The first training's labels as records: (train, held out)."""
         if self.initial is None:
-            from lm_human_preferences import train_reward
             reward = self.reward_hparams
             label_type = label_types.get(reward.labels.type)
             schemas = label_type.question_schemas(query_length=self.hparams.task.query_length,
@@ -402,7 +345,6 @@ class OnlineLoop:
 
     def _retrain(self, k):
         """train_reward on every label so far, from a fresh head on rho, in round k's run dir; its results."""
-        from lm_human_preferences import train_reward
         hparams = copy.deepcopy(self.reward_hparams)
         hparams.run.save_dir = self._reward_dir(k)
         labels_path = os.path.join(hparams.run.save_dir, 'labels.json')

@@ -2,7 +2,8 @@
 
 The paper's `sentiment` experiment (continue book passages so that the continuations become more
 positive, as labelers who picked the best of four judged, under a KL penalty) on a CPU in minutes, with
-nothing downloaded, through the offline experiments' engine (offline/); its bindings: bindings.py.
+nothing downloaded, through the offline experiments' engine (offline/); the experiment: experiment.py, its
+bindings: bindings.py.
 
 - The real `main` encoding: OpenAI's GPT-2 BPE (50,257 tokens, padding token 50259), through
   encodings.Main as every run of the paper.
@@ -15,67 +16,18 @@ nothing downloaded, through the offline experiments' engine (offline/); its bind
 - Labeler: VADER (vader.py), a published sentiment model, picks the most positive of the initial
   policy's 4 responses to each query: the paper's sentiment instructions with VADER in the labelers' seat.
 
-Importing this package registers the `sentiment_mini` query dataset (sample.py does, to sample from a
+Its experiment, once asked for, registers the `sentiment_mini` query dataset (sample.py asks, to sample from a
 run's policy); it imports vaderSentiment only when labels are made.
 """
 
-from functools import partial
-from pathlib import Path
 
-from lm_human_preferences.datasets.local import local_texts
-from lm_human_preferences.labeling import questions
-from lm_human_preferences.language import datasets, encodings
-from lm_human_preferences.offline import experiment
-from lm_human_preferences.offline.pretrain import PretrainHParams
-from lm_human_preferences.sentiment_mini import vader
-
-NAME = 'sentiment_mini'
-BOOKS_DIR = Path(__file__).with_name('books')
-
-# The query dataset: the books' passages (not cached as texts: they ship with the code; the prepared
-# queries are cached, keyed by the texts' hash).
-SentimentMini = datasets.Dataset(NAME, texts=partial(local_texts, BOOKS_DIR), cache_texts=False)
+# experiment.py's names, imported when first asked for (PEP 562): it pulls in the trainers and torch, which
+# launch.py's start-up (bindings.py, the --help) does without.
+DECLARED = ('EXPERIMENT', 'NAME', 'BOOKS_DIR', 'SentimentMini', 'pretraining_corpus')
 
 
-def pretraining_corpus():
-    """The passages of the train split, in book order, as one text: the test queries' passages are left out."""
-    return ' '.join(local_texts(BOOKS_DIR, 'train'))
-
-
-EXPERIMENT = experiment.OfflineExperiment(
-    name=NAME,
-    encoding=encodings.Main,
-    corpus=pretraining_corpus,
-    # Windows of 96 tokens (more than the task's 8 query + 16 response tokens); 800 steps: about 2.8 passes over
-    # the train split.
-    # seed None: the run's (run.seed), so that one seed draws the whole pipeline; each seed's model is cached.
-    # bf16 products where the CPU multiplies bf16 natively: the output layer's three products are ~98 % of a
-    # step's FLOPs, and on a Zen 4 (AVX512-BF16) bf16 runs them at 205-420 GFLOP/s against fp32's 57-174
-    # (benchmarks/README.md). Every kind of CPU draws other initial models anyway (its kernels round otherwise);
-    # the KL they end at is the controller's to hold (sentiment_mini/bindings.py).
-    pretrain=PretrainHParams(n_layer=2, n_embd=128, n_head=4, n_ctx=96, steps=800, batch_size=8, lr=3e-3,
-                             seed=None, bf16_products=True),
-    labeler=experiment.Labeler(name='vader', description='VADER (vaderSentiment): prefer the most positive response '
-                                                       '(the highest compound score)',
-                             score_name='VADER compound score', score=vader.compound_score, title='VADER',
-                             # The paper's sentiment question, which VADER answers by its compound score.
-                             instruction=questions.INSTRUCTIONS['sentiment']),
-    # 1,024 test queries: the trained policy's gain to a standard error of ~0.05 of the initial scores' std.
-    eval_queries=1024,
-    # 2,048 held-out labels: the reward model's accuracy to a standard error of ~1 point (512 left 2 points, and a
-    # seed's 512 could be 8 points harder than another's for every reward model: docs/sentiment_mini.md).
-    held_out_labels=2048,
-    cpu_threads=2,  # unlike the demo's, this model's time goes to large matrix products (the logits)
-    encoding_note=" (OpenAI's GPT-2 BPE, a Hugging Face GPT-2's): a model of the original's `test` characters runs "
-                  "on the demo experiment",
-)
-
-
-# launch.py's entry points for the `sentiment_mini` experiments (EXPERIMENT read at call time: tests
-# shorten it).
-def train_policy(hparams):
-    return experiment.train_policy(EXPERIMENT, hparams)
-
-
-def train_reward(hparams):
-    return experiment.train_reward(EXPERIMENT, hparams)
+def __getattr__(name):
+    if name not in DECLARED:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    from lm_human_preferences.sentiment_mini import experiment
+    return getattr(experiment, name)

@@ -6,7 +6,6 @@ import inspect
 import os
 import sys
 
-from lm_human_preferences.utils import core
 
 
 class ConfigError(Exception):
@@ -14,6 +13,7 @@ class ConfigError(Exception):
 
 
 def flat_hparams(hparams):
+    from lm_human_preferences.utils import core  # here: core imports torch, which describing a command does without
     return core.flatten_dict(hparams.to_nested_dict(), sep='.')
 
 

@@ -10,10 +10,11 @@ import os
 import sys
 from functools import partial
 
-import torch.distributed as dist
-
-from lm_human_preferences.utils import command_line, stopping, workers
+from lm_human_preferences.utils import command_line
 from lm_human_preferences.utils.command_line import ConfigError
+
+# `--help` for --procs left unset (workers.default_procs).
+PROCS_HELP = 'one per GPU, at most --mpi and a divisor of it; 1 on a CPU; under torchrun, its processes'
 
 
 def launch(name, f, *, mpi=1, procs=None) -> None:
@@ -25,6 +26,9 @@ def launch(name, f, *, mpi=1, procs=None) -> None:
     and WorkerInputError (its one line) or WorkerFailed (its traceback) is raised here; a stop signal
     stops them all, saved, and raises stopping.Stopped.
     """
+    # Ours: the workers and torch.distributed imported when a command runs (its --help does without torch).
+    import torch.distributed as dist
+    from lm_human_preferences.utils import workers
     if procs is None:
         procs = workers.default_procs(mpi)
     workers.reuse_freed_memory()  # in this process (procs=1, torchrun); spawned workers call it themselves
@@ -52,6 +56,7 @@ def launch_trials(name, fn, trials, hparam_class, extra_hparams=None, dry_run=Fa
     hparams_for_ranks(hparams, mpi): the sizes the ranks share; derive(hparams): the values the trainer
     sets from the others), and run fn(hparams) as `mpi` ranks in `procs` processes per trial (see
     launch). With dry_run, print the resolved hparams instead (print_dry_run)."""
+    from lm_human_preferences.utils import workers  # ours: here, as in launch()
     if procs is None:
         procs = workers.default_procs(mpi)
     workers.check_mpi_and_procs(name, mpi, procs)
@@ -108,6 +113,7 @@ def main(commands_dict, argv=None):
     """
     argv = sys.argv[1:] if argv is None else argv
     command_line.usage_or_help(commands_dict, argv)
+    from lm_human_preferences.utils import stopping, workers  # ours: past --help, which does without torch
     workers.one_line_warnings()
     workers.joined_group = False  # set if this command runs in a process group (under torchrun)
     try:

@@ -164,10 +164,6 @@ def _worker(local_rank, world_size, port, f, mpi, error_dir):
     exit_without_finalizing(0)
 
 
-# `--help` for --procs left unset (default_procs).
-PROCS_HELP = 'one per GPU, at most --mpi and a divisor of it; 1 on a CPU; under torchrun, its processes'
-
-
 def default_procs(mpi):
     """The processes that carry `mpi` ranks by default: under torchrun, its processes; on CUDA, one per
     visible GPU, at most mpi and a divisor of it; on a CPU, one (more processes than cores only add

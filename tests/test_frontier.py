@@ -133,13 +133,16 @@ def test_table_only_regenerates_from_the_results(tmp_path, capsys):
     assert text.startswith('# Title\n\nwords\n') and text.endswith(f'{table.END}\nafter\n') and 'old' not in text
     # seed 1: 6 nats lies between (4, 1.5) and (8, 2.5): 2.0; seed 2: 2.5; mean 2.25, sd 0.35; the reward model on
     # the trained policy's samples 0.45 at 6 nats on both seeds
-    assert '| offline PPO (kl_coef) | +2.00 | +2.50 | +2.25 ± 0.35 (2 seeds) | 45.0 % ± 0.0 |' in text
+    # (†: 6 nats lies 2 nats from the point below it on each seed, more than table.BRACKET)
+    assert '| offline PPO (kl_coef) | +2.00† | +2.50† | +2.25 ± 0.35 (2 seeds) | 45.0 % ± 0.0 |' in text
+    assert "† the seed's points around 6 nats lie more than 1.5 nats from it on a side" in text
     # online less offline, paired by seed: +0.5 on seed 1, 0 on seed 2: more on one of two seeds
     assert '| online PPO, 3 retrains (kl_coef) | +0.50 | +0.00 | +0.25 ± 0.35 (2 seeds) | 1 of 2 |' in text
     # the second budget, its own section: 3 nats lies between (2, 0.5) and (4, 1.5) on seed 1, (2, 1.0) and (4, 2.0)
     # on seed 2; the reward model 0.55 between 0.6 and 0.5
     at_3 = text[text.index('### Gain at 3 nats'):text.index('### Every point')]
-    assert '| offline PPO (kl_coef) | +1.00 | +1.50 | +1.25 ± 0.35 (2 seeds) | 55.0 % ± 0.0 |' in at_3
+    assert '| offline PPO (kl_coef) | +1.00 | +1.50 | +1.25 ± 0.35 (2 seeds) | 55.0 % ± 0.0 |' in at_3  # 1 nat: tight
+    assert '† the seed' not in at_3
     printed = capsys.readouterr().out
     assert 'frontier: ppo at 6 nats: +2.25 ± 0.35 (seeds: +2.00, +2.50)' in printed
     assert 'frontier: ppo at 3 nats: +1.25 ± 0.35 (seeds: +1.00, +1.50)' in printed
@@ -541,8 +544,8 @@ def test_a_curve_is_an_arm_and_its_variant(tmp_path):
     budgets = table.budget_table(collected, 6.0)
     assert budgets['ppo lr=0.001']['mean'] == pytest.approx(budgets['ppo']['mean'] + 0.1)
     text = table.summary(collected, 6.0)
-    assert '| offline PPO (kl_coef), lr 0.001 | +2.60 | +2.24 |' in text
-    assert '| offline PPO (kl_coef), 4,096 labels | +2.50 | +2.14 |' in text
+    assert '| offline PPO (kl_coef), lr 0.001 | +2.60† | +2.24† |' in text
+    assert '| offline PPO (kl_coef), 4,096 labels | +2.50† | +2.14† |' in text
     against = text[text.index('Against offline PPO'):]
     # each against its own label count's offline PPO: DPO +0.5 at both; offline PPO's lr 1e-3 +0.1 against the default
     assert against.count('| +0.50 | +0.50 | +0.50 ± 0.00 (2 seeds) | 2 of 2 |') == 2

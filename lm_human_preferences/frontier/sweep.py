@@ -37,18 +37,17 @@ from lm_human_preferences.frontier.table import ARMS, DONE, KNOBS
 from lm_human_preferences.utils import files
 from lm_human_preferences.utils.command_line import ConfigError
 
-# Chosen to span about 2 to 10 nats: for PPO a fixed kl_coef (in 44 batches the adaptive controller moves kl_coef too
-# little, or too late, for its target to set the KL: docs/sentiment_mini.md), around the miniature's 0.21, which
-# landed at 6 nats offline and at 10-16 online (docs/labeling.md): four for online PPO, ~17 minutes a run;
-# for best-of-n up to 2,048 samples, whose bound is 6.63 nats (10 nats would take 60,000 samples a query); for DPO
-# (the costliest arm, ~50 minutes a run on one core), three betas: on seed 1 beta 1 went to 2.5 nats and 0.1 to 18.3
-# (KL ~ 2.5 beta^-0.87), so 0.4 and 0.2 for about 5.5 and 10 (they landed at 6.3-7.7 and 10.7-13 on seeds 1-3).
-# PPO's 0.1 and 0.07 (12 to 16 nats) go on toward where online PPO's 0.15 lands (15 to 38): the two compared at 12 too.
-# ppo_nofilter and ppo_4x: offline PPO's kl_coefs around 6 and 12 nats (without the filter, or with 4x the episodes, a
-# kl_coef lands further: the 0.3 keeps a point below 6).
+# Chosen so that every arm has a point within 1.5 nats of 6 and of 12 on each side on every seed (table.BRACKET), from
+# where each landed on seeds 1-3 (docs/frontier.md). For PPO a fixed kl_coef (in 44 batches the adaptive controller
+# moves kl_coef too little, or too late, for its target to set the KL: docs/sentiment_mini.md): offline 0.25-0.17 at
+# 4.0-9.1 nats, 0.13-0.07 at 10.1-16.6; online lands further at the same kl_coef (0.3 at 1.5-4.4, 0.21 at 8.6-10.0,
+# 0.15 at 15-38), so 0.25 and 0.17 between. Without the filter, or with 4x the episodes, PPO lands further: 0.3 keeps
+# a point below 6. Best-of-n up to 2,048 samples, whose bound is 6.63 nats (12 nats would take ~160,000 samples a
+# query: out of its range). DPO on every pair landed at 2.1-2.5 (beta 1), 6.3-7.7 (0.4), 10.7-13 (0.2) and 15.3-18.3
+# (0.1): 0.5 and 0.15 between; on PPO's objective (about half the pairs) a beta lands nearer, so check where they land.
 DEFAULT_POINTS = dict(ppo=(0.3, 0.25, 0.21, 0.17, 0.13, 0.1, 0.07), ppo_nofilter=(0.3, 0.21, 0.13, 0.1, 0.07),
-                      ppo_4x=(0.3, 0.21, 0.13, 0.1, 0.07), online=(0.4, 0.3, 0.21, 0.15),
-                      best_of_n=(4, 16, 64, 256, 1024, 2048), dpo=(1, 0.4, 0.2))
+                      ppo_4x=(0.3, 0.21, 0.13, 0.1, 0.07), online=(0.4, 0.3, 0.25, 0.21, 0.17, 0.15),
+                      best_of_n=(4, 16, 64, 256, 1024, 2048), dpo=(1, 0.5, 0.4, 0.2, 0.15))
 ONLINE_RETRAINS = 3
 REWARD_PREFIX = 'rewards.train_new_model.'  # the reward model's hparams, as train_policy names them
 PPO_ARMS = ('ppo', 'ppo_nofilter', 'ppo_4x')  # offline PPO against the seed's reward model

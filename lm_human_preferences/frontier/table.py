@@ -136,6 +136,20 @@ def gain_at(rows, kl, key='gain'):
     return float(np.interp(kl, np.array(kls)[order], np.array(values)[order]))
 
 
+# A budget's bracket is tight when the seed's points on each side of it lie within this many nats of it.
+BRACKET = 1.5
+
+
+def wide_bracket(rows, kl):
+    """Whether the points around `kl` on one seed's frontier lie more than BRACKET nats from it on either side (an
+    interpolation across a gap: the table marks it); None when kl is outside the points."""
+    kls = [r['kl'] for r in rows]
+    if not kls or kl < min(kls) or kl > max(kls):
+        return None
+    below, above = max(k for k in kls if k <= kl), min(k for k in kls if k >= kl)
+    return kl - below > BRACKET or above - kl > BRACKET
+
+
 def own_samples_key(arm):
     """The reward model's accuracy on the arm's own samples: best-of-n's are the initial policy's samples."""
     return 'rm_initial' if arm == 'best_of_n' else 'rm_trained'
@@ -150,7 +164,8 @@ def budget_table(rows, budget):
         frontiers = _by_seed(mine)
         seeds = {seed: gain_at(frontier, budget) for seed, frontier in frontiers.items()}
         rm = {seed: gain_at(frontier, budget, own_samples_key(mine[0]['arm'])) for seed, frontier in frontiers.items()}
-        result[key] = dict(seeds=seeds, rm=rm, **spread(seeds.values()))
+        wide = {seed: wide_bracket(frontier, budget) for seed, frontier in frontiers.items()}
+        result[key] = dict(seeds=seeds, rm=rm, wide=wide, **spread(seeds.values()))
     return result
 
 
@@ -188,9 +203,10 @@ def against(budgets, arm, baseline='ppo'):
     return dict(seeds=seeds, above=sum(d > 0 for d in seeds.values() if d is not None), **spread(seeds.values()))
 
 
-def _seed_cells(values, seeds):
-    """A table row's per-seed cells of {seed: value or None}."""
-    return ['–' if values.get(s) is None else f'{values[s]:+.2f}' for s in seeds]
+def _seed_cells(values, seeds, wide=None):
+    """A table row's per-seed cells of {seed: value or None}; † where `wide` marks the seed's bracket (wide_bracket)."""
+    return ['–' if values.get(s) is None else f'{values[s]:+.2f}' + ('†' if (wide or {}).get(s) else '')
+            for s in seeds]
 
 
 def _mean(entry):
@@ -213,11 +229,14 @@ def summary(rows, budget):
     lines = [f'| arm (knob) | ' + ' | '.join(f'seed {s}' for s in seeds) + ' | mean ± sd | RM on its own samples |',
              '|---|' + '---|' * (len(seeds) + 2)]
     for key, entry in budgets.items():
-        cells = _seed_cells(entry['seeds'], seeds)
+        cells = _seed_cells(entry['seeds'], seeds, entry['wide'])
         rm = spread(entry['rm'].values())
         rm_cell = '–' if rm['mean'] is None else f"{100 * rm['mean']:.1f} %" + (
             f" ± {100 * rm['std']:.1f}" if rm['std'] is not None else '')
         lines.append(f'| {curve_label(first[key])} | ' + ' | '.join(cells) + f' | {_mean_cell(entry)} | {rm_cell} |')
+    if any(any(entry['wide'].values()) for entry in budgets.values()):
+        lines += ['', f'† the seed\'s points around {budget:g} nats lie more than {BRACKET:g} nats from it on a side: '
+                      f'its gain there is interpolated across that gap.']
     baselines = {key: curve_key(dict(row, arm='ppo', lr=None)) for key, row in first.items()}
     paired = [key for key in budgets if baselines[key] in budgets and baselines[key] != key]
     if paired:

@@ -620,3 +620,17 @@ def test_runs_from_before_one_objective_are_curves_of_their_own(tmp_path):
     rows = table.collect(str(out))
     assert sorted(table.curve_label(r) for r in rows) == sorted([table.EARLIER['best_of_n'], table.LABELS['best_of_n']])
     assert len(table.curves(rows)) == 2
+
+
+def test_every_point_states_its_compute_and_cpu(tmp_path):
+    """The table's every-point rows give a run's samples, optimizer steps and time, and name the CPU it ran on."""
+    out = tmp_path / 'out'
+    run = out / 'seed1' / 'ppo-kl_coef0.2'
+    run.mkdir(parents=True)
+    point = dict(value=0.2, gain=1.0, gain_se=0.05, kl=5.0, kl_se=0.1, kl_kind='measured', kl_objective=5.0,
+                 rm_initial=0.6, rm_trained=0.5, samples=5632, optimizer_steps=176)
+    (run / sweep.DONE).write_text(json.dumps(dict(identity=dict(arm='ppo', seed=1), command='cmd', points=[point],
+                                                  seconds=151.0, runs_on='CPU (1 thread, AVX512 kernels) on Zen')))
+    text = table.markdown(table.collect(str(out)), [6.0], command='c')
+    assert 'on (1) CPU (1 thread, AVX512 kernels) on Zen.' in text
+    assert '| 5,632 samples, 176 steps, 2m31s (1) |' in text

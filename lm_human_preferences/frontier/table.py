@@ -118,7 +118,8 @@ def collect(out, arms=None):
                 variant['objective'] = identity['objective']
             for point in done['points']:
                 rows.append(dict(arm=identity['arm'], seed=identity['seed'], knob=KNOBS[identity['arm']],
-                                 **{**variant, **point}, command=done['command']))
+                                 **{**variant, **point}, command=done['command'],
+                                 **{key: done[key] for key in ('seconds', 'runs_on') if key in done}))
     order = {arm: i for i, arm in enumerate(ARMS)}  # arms not in ARMS after them, by name
     return sorted(rows, key=lambda r: (order.get(r['arm'], len(ARMS)), r['arm'],
                                        *((r.get(name) is not None, r.get(name) or 0) for name in VARIANTS),
@@ -330,14 +331,24 @@ def markdown(rows, kl_budgets, *, command, figure=None, labels_figure=None, defa
             if labels_figure and i == 0:
                 lines += [f'![gain against labels]({labels_figure})', '']
             lines += [labels_summary(rows, budget, default_labels=default_labels).rstrip('\n'), '']
-    lines += ['### Every point', '', '| arm | seed | knob | gain ± se | KL (nats) | PPO objective/kl | RM: initial → '
-              'trained samples | command |', '|---|---|---|---|---|---|---|---|']
+    cpus = sorted({r['runs_on'] for r in rows if r.get('runs_on')})
+    lines += ['### Every point', '']
+    if cpus:  # each run's compute: samples drawn (beyond the labels' own), optimizer steps, its time, where
+        lines += ['Compute: the samples a run drew beyond its labels\' own and its optimizer steps (a best-of-n point: '
+                  'its n × its queries), and the run\'s wall time (best-of-n: every n at once), on '
+                  + '; '.join(f'({i}) {cpu}' for i, cpu in enumerate(cpus, 1)) + '.', '']
+    lines += ['| arm | seed | knob | gain ± se | KL (nats) | PPO objective/kl | RM: initial → trained samples | '
+              'compute | command |', '|---|---|---|---|---|---|---|---|---|']
     for r in rows:
         kl = f"{r['kl']:.2f} ± {r['kl_se']:.2f}" if r['kl_kind'] == 'measured' else f"≤ {r['kl']:.2f} (bound)"
         objective = '–' if r['kl_objective'] is None else f"{r['kl_objective']:.2f}"
+        compute = '–' if r.get('samples') is None else (
+            f"{r['samples']:,} samples, {r['optimizer_steps']:,} steps"
+            + (f", {minutes(r['seconds'])}" if r.get('seconds') is not None else '')
+            + (f" ({cpus.index(r['runs_on']) + 1})" if r.get('runs_on') in cpus else ''))
         lines.append(f"| {curve_key(r)} | {r['seed']} | {r['knob']} {r['value']:g} | {r['gain']:+.2f} ± "
                      f"{r['gain_se']:.2f} | {kl} | {objective} | {_pct(r['rm_initial'])} → {_pct(r['rm_trained'])} | "
-                     f"`{r['command']}` |")
+                     f"{compute} | `{r['command']}` |")
     return '\n'.join(lines) + '\n'
 
 

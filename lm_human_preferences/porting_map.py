@@ -62,7 +62,7 @@ OTHER_MODULES = [
      "new: a trainer's run in its save dir (hparams, data record, resume and save, a stop signal's save, "
      "summary); `training/` is the run layer both trainers share, above `language/`"),
     ('—', '`lm_human_preferences/training/run_folders.py`, `stats_log.py`, `progress.py`',
-     "new: the save dir's lock and the run folder a path is in; the stats sinks (table, TensorBoard, JSONL, "
+     "new: what a save dir holds and the run folder a path is in; the stats sinks (table, TensorBoard, JSONL, "
      "wandb) and their rewind rule; the progress lines"),
     ('—', '`lm_human_preferences/training/train_state.py`, `state_files.py`',
      'new: resumable training states (what a state holds, saved and restored); their files (the format, atomic '
@@ -87,8 +87,9 @@ OTHER_MODULES = [
      'spelling of ranks (`get_rank`, `get_world_size`, `is_root`, `local_ranks`, `for_each_rank`, `concat_ranks`)'),
     ('—', '`lm_human_preferences/utils/distributed.py`',
      "new: torch.distributed's collectives over processes, which `core`'s MPI functions are written with"),
-    ('—', '`lm_human_preferences/utils/stopping.py`, `files.py`, `optional_deps.py`',
-     "new: stop signals (the launcher's and the run's); atomic writes, the pickle guard; optional dependencies"),
+    ('—', '`lm_human_preferences/utils/stopping.py`, `files.py`, `folder_lock.py`, `optional_deps.py`',
+     "new: stop signals (the launcher's and the run's); atomic writes, the pickle guard; a folder's lock (a save "
+     "dir's, a labeling session's); optional dependencies"),
     ('—', '`lm_human_preferences/utils/categorical.py`',
      "new: TF's Multinomial algorithm for `core.sample_from_logits`; logprobs and entropies in one pass"),
     ('—', '`lm_human_preferences/utils/passes.py`',

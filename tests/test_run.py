@@ -15,9 +15,9 @@ import torch
 
 from lm_human_preferences import train_policy, train_reward
 from lm_human_preferences.language import checkpoints
-from lm_human_preferences.training import (execution, plots, progress, run, run_compatibility, run_folders, state_files,
+from lm_human_preferences.training import (execution, plots, progress, run, run_compatibility, state_files,
                                           stats_log, train_state)
-from lm_human_preferences.utils import cpu, finite, optional_deps, stopping
+from lm_human_preferences.utils import cpu, finite, folder_lock, optional_deps, stopping
 from conftest import env, write_labels
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -43,8 +43,8 @@ def jsonl_steps(path):
 LOCK_HOLDER = """
 import sys, time
 sys.path.insert(0, {repo!r})
-from lm_human_preferences.training import run_folders
-with run_folders.locked_save_dir({save_dir!r}):
+from lm_human_preferences.utils import folder_lock
+with folder_lock.locked_save_dir({save_dir!r}):
     print('locked', flush=True)
     time.sleep(60)
 """
@@ -58,7 +58,7 @@ def test_a_save_dir_in_use_is_refused_and_a_dead_holder_taken_over(tmp_path):
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == 'locked\n'
-        with pytest.raises(run_folders.SaveDirInUseError, match=rf'{save_dir} is in use by another run \(pid {holder.pid} '):
+        with pytest.raises(folder_lock.SaveDirInUseError, match=rf'{save_dir} is in use by another run \(pid {holder.pid} '):
             train_policy.train(policy_hparams(save_dir))
         assert not (save_dir / 'train_policy_hparams.json').exists()  # refused before writing anything
     finally:
@@ -71,9 +71,9 @@ def test_a_save_dir_in_use_is_refused_and_a_dead_holder_taken_over(tmp_path):
 
 def test_lock_is_reentrant_in_one_process(tmp_path):
     # train_policy trains its reward model in the same save dir, in the same process.
-    with run_folders.locked_save_dir(str(tmp_path)), run_folders.locked_save_dir(str(tmp_path)):
+    with folder_lock.locked_save_dir(str(tmp_path)), folder_lock.locked_save_dir(str(tmp_path)):
         pass
-    with run_folders.locked_save_dir(str(tmp_path)):  # released: taken again
+    with folder_lock.locked_save_dir(str(tmp_path)):  # released: taken again
         assert (tmp_path / '.lock').exists()
     assert not (tmp_path / '.lock').exists()  # removed when released
 
@@ -92,7 +92,7 @@ def test_the_launcher_refuses_a_save_dir_in_use_before_any_worker_starts(tmp_pat
                                      'task.query_length': 2, 'task.response_length': 3, 'rewards.trained_model': 'test',
                                      'ppo.batch_size': 8, 'ppo.total_episodes': 48}.items()]
     (tmp_path / 'live').mkdir()
-    with run_folders.locked_save_dir(str(tmp_path / 'live')):  # held as a running process holds it (another open file)
+    with folder_lock.locked_save_dir(str(tmp_path / 'live')):  # held as a running process holds it (another open file)
         with pytest.raises(launch.ConfigError, match=rf"^{tmp_path / 'live'} is in use by another run \(pid "
                                                      rf"{os.getpid()} on .*give this run another NAME"):
             launch.launch_trials('live', never, [trial], train_policy.HParams, mpi=2, procs=2, save_dir=str(tmp_path))
@@ -125,16 +125,16 @@ def test_a_run_that_fails_before_its_first_state_leaves_nothing(tmp_path, monkey
 def test_a_lock_removed_between_open_and_lock_is_opened_again(tmp_path, monkeypatch):
     """A run that opened the lock file just before its holder ended (and removed it) locks a file of its own,
     not the removed one, which a third run could never see."""
-    real_flock, removed = run_folders.fcntl.flock, []
+    real_flock, removed = folder_lock.fcntl.flock, []
 
     def flock_after_the_holder_ended(f, op):
         if not removed:  # the holder ends between our open and our lock: its file is gone
             removed.append(os.fstat(f.fileno()).st_ino)
             os.unlink(tmp_path / '.lock')
         return real_flock(f, op)
-    monkeypatch.setattr(run_folders.fcntl, 'flock', flock_after_the_holder_ended)
-    with run_folders.locked_save_dir(str(tmp_path)):
-        held = run_folders._held[os.path.realpath(tmp_path / '.lock')][0]
+    monkeypatch.setattr(folder_lock.fcntl, 'flock', flock_after_the_holder_ended)
+    with folder_lock.locked_save_dir(str(tmp_path)):
+        held = folder_lock._held[os.path.realpath(tmp_path / '.lock')][0]
         assert removed and os.fstat(held.fileno()).st_ino == os.stat(tmp_path / '.lock').st_ino
 
 

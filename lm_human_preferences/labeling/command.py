@@ -18,9 +18,8 @@ from lm_human_preferences.labeling.server import LabelServer, check_origin, is_l
 from lm_human_preferences.labeling.store import SESSION_FILE, parse_labelers
 from lm_human_preferences.language import trained_models
 from lm_human_preferences.policy import Policy
-from lm_human_preferences.training import run_folders
 from lm_human_preferences.utils import core as utils
-from lm_human_preferences.utils import gcs, stopping
+from lm_human_preferences.utils import folder_lock, gcs, stopping
 
 
 def default_save_dir():
@@ -81,7 +80,7 @@ def label_session(hparams, *, instructions, policy=None, validation=None, num=10
         if existing is not None:
             _check_same_session(existing, directory, label_type=label_type, origin=made_from)
         os.makedirs(directory, exist_ok=True)
-        with run_folders.locked_save_dir(directory):
+        with folder_lock.locked_save_dir(directory):
             store = session_module.open_session(
                 directory, hparams, encoding=initial_model.encoding.name, labelers=parse_labelers(labelers),
                 overlap=overlap, target=num, seed=seed, origin=made_from, instructions=instructions)

@@ -33,7 +33,8 @@ import torch
 from lm_human_preferences.language import checkpoints
 from lm_human_preferences.utils import core, cpu, files, finite, hyperparams, ranks, stopping
 from lm_human_preferences.training import plots, progress, run_compatibility, state_files, train_state
-from lm_human_preferences.training.run_folders import SCOPES, SaveDirInUseError, locked_save_dir, remove_temporaries
+from lm_human_preferences.training.run_folders import SCOPES, remove_temporaries
+from lm_human_preferences.utils.folder_lock import SaveDirInUseError, locked_save_dir
 from lm_human_preferences.training.stats_log import StatsLog, wandb_run
 
 # The metrics an end-of-run summary shows, when logged.

@@ -1,5 +1,5 @@
-"""Ours: a run's folders: the save dir's lock, held by the process that carries rank 0, so that two runs never
-write one save dir; the run folder a path is in; the temporaries killed writers left.
+"""Ours: a run's folders: what a save dir holds (its lock, held by the process that carries rank 0, so that two runs
+never write one save dir: utils/folder_lock.py); the run folder a path is in; the temporaries killed writers left.
 
 What a save dir holds for a trainer (<scope> is `reward_model` or `policy`):
 
@@ -13,12 +13,7 @@ What a save dir holds for a trainer (<scope> is `reward_model` or `policy`):
     <save_dir>/<scope>/train_state/          training states for resuming (training/state_files.py)
 """
 
-import contextlib
-import fcntl
-import json
 import os
-import socket
-import sys
 
 from lm_human_preferences.training import state_files
 from lm_human_preferences.utils import files
@@ -26,59 +21,6 @@ from lm_human_preferences.utils import files
 
 # Each trainer's folder in the save dir, its model dir.
 SCOPES = dict(train_reward='reward_model', train_policy='policy')
-
-
-class SaveDirInUseError(OSError):
-    """Another process holds the save dir's lock (an OSError: launch.py reports it in one line)."""
-
-
-_held = {}  # realpath of a lock file -> [open file, holders in this process]
-
-
-@contextlib.contextmanager
-def locked_save_dir(save_dir):
-    """Hold <save_dir>/.lock (flock, exclusive) for the block; re-entrant within the process (train_policy
-    trains its reward model in the same save dir). The kernel releases the lock of a process that dies,
-    however it dies, so a stale lock is taken over by the next run. The file goes when the run ends."""
-    path = os.path.realpath(os.path.join(save_dir, '.lock'))
-    if path in _held:
-        _held[path][1] += 1
-    else:
-        f = _open_lock(path, save_dir)
-        f.seek(0)
-        f.truncate()
-        f.write(json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), command=' '.join(sys.argv))))
-        f.flush()
-        _held[path] = [f, 1]
-    try:
-        yield
-    finally:
-        _held[path][1] -= 1
-        if not _held[path][1]:
-            f = _held.pop(path)[0]
-            with contextlib.suppress(OSError):
-                os.unlink(path)  # while locked: a run that opened it meanwhile finds it gone (_open_lock)
-            fcntl.flock(f, fcntl.LOCK_UN)
-            f.close()
-
-
-def _open_lock(path, save_dir):
-    """<save_dir>/.lock opened and locked (exclusive, not waiting); one that its holder removed between our open
-    and our lock is opened again."""
-    while True:
-        f = open(path, 'a+')
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.close()
-            raise SaveDirInUseError(files.save_dir_in_use(save_dir, files.lock_holder(path) or 'another process')) \
-                from None
-        try:
-            if os.fstat(f.fileno()).st_ino == os.stat(path).st_ino:
-                return f
-        except FileNotFoundError:
-            pass
-        f.close()
 
 
 def run_folder_of(path):

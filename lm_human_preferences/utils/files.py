@@ -6,9 +6,7 @@ temporaries of a writer that was killed are recognized by their name (`TMP_RE`) 
 load is unpickled: tensors come from safetensors, the rest from JSON (`refuse_pickle`).
 """
 
-import fcntl
 import hashlib
-import json
 import os
 import re
 
@@ -79,29 +77,3 @@ def remove_stale_temporaries(directory):
             os.remove(os.path.join(directory, name))
             removed.append(name)
     return removed
-
-
-def lock_holder(path):
-    """Who holds the flock of the lock file at path: its record (pid, host, command, as the holder wrote it)
-    as a phrase, or None when nobody holds it (or there is no such file). Ours: the save dir's lock
-    (training/run.py) is checked by the launcher before it starts any worker."""
-    try:
-        f = open(path)
-    except OSError:  # none there, or no such folder: the run says what is wrong with its save dir
-        return None
-    with f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                holder = json.loads(f.read().strip())
-                return f'pid {holder["pid"]} on {holder["host"]}, running `{holder["command"]}`'
-            except (ValueError, KeyError, TypeError):
-                return 'another process'
-        fcntl.flock(f, fcntl.LOCK_UN)
-        return None
-
-
-def save_dir_in_use(save_dir, holder):
-    return (f'{save_dir} is in use by another run ({holder}): wait for it to end, or give this run another NAME '
-            f'(or --save_dir)')

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lm_human_preferences.utils import command_line, files, gcs, optional_deps, ranks, stopping
+from lm_human_preferences.utils import command_line, folder_lock, gcs, optional_deps, ranks, stopping
 from lm_human_preferences.utils.command_line import ConfigError
 
 
@@ -267,6 +267,6 @@ def check_before_start(job_name, hparams):
         except (ValueError, optional_deps.MissingExtra) as e:
             raise ConfigError(str(e)) from None
     run_dir = hparams.run.save_dir
-    holder = files.lock_holder(os.path.join(run_dir, '.lock')) if run_dir else None
+    holder = folder_lock.lock_holder(os.path.join(run_dir, '.lock')) if run_dir else None
     if holder is not None:
-        raise ConfigError(files.save_dir_in_use(run_dir, holder))
+        raise ConfigError(folder_lock.save_dir_in_use(run_dir, holder))

@@ -1,6 +1,6 @@
 """Each mirrored file holds the translation of its original (non-blank lines, code tokens and names against the
 original's, recorded in tests/original_files.json), every original definition is paired with ours or has its
-reason (lm_human_preferences/porting_map.py, which PORTING.md's tables are printed from), and the side-by-side
+reason (lm_human_preferences/porting/porting_map.py, which PORTING.md's tables are printed from), and the side-by-side
 page, on an original-like checkout made here, is a reviewer's diff."""
 import json
 import re
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lm_human_preferences import beside_original, definition_diff, porting_map
-from lm_human_preferences.definition_diff import PortingMap
+from lm_human_preferences.porting import beside_original, definition_diff, porting_map
+from lm_human_preferences.porting.definition_diff import PortingMap
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RECORDED = json.loads((REPO_ROOT / 'tests' / 'original_files.json').read_text())
@@ -103,7 +103,7 @@ def test_porting_md_holds_the_map():
     tables = porting_map.markdown().split('\n\n')
     assert len(tables) == 3
     missing = [t.splitlines()[0] for t in tables if t not in PORTING]
-    assert not missing, f'PORTING.md differs from `python -m lm_human_preferences.porting_map`: {missing}'
+    assert not missing, f'PORTING.md differs from `python -m lm_human_preferences.porting.porting_map`: {missing}'
     assert not [line[:80] for line in PORTING.splitlines() if len(line.encode()) > 400]
 
 
@@ -420,14 +420,14 @@ def test_the_command_writes_the_page_and_records_the_original(original_and_port,
 
 def test_the_command_never_downloads_and_says_what_it_needs(tmp_path):
     """A folder that is no checkout of the original is one line (exit 1); no argument is argparse's usage."""
-    out = subprocess.run([sys.executable, '-m', 'lm_human_preferences.beside_original', str(tmp_path), '--out',
+    out = subprocess.run([sys.executable, '-m', 'lm_human_preferences.porting.beside_original', str(tmp_path), '--out',
                           str(tmp_path / 'x.html')], cwd=REPO_ROOT, capture_output=True, text=True)
     assert out.returncode == 1 and out.stderr.startswith('error: ') and 'is it a checkout of' in out.stderr
     assert out.stderr.count('\n') == 1 and not (tmp_path / 'x.html').exists()
-    out = subprocess.run([sys.executable, '-m', 'lm_human_preferences.beside_original'], cwd=REPO_ROOT,
+    out = subprocess.run([sys.executable, '-m', 'lm_human_preferences.porting.beside_original'], cwd=REPO_ROOT,
                          capture_output=True, text=True)
     assert out.returncode == 2 and 'ORIGINAL None' in out.stderr
-    out = subprocess.run([sys.executable, '-m', 'lm_human_preferences.beside_original', str(tmp_path),
+    out = subprocess.run([sys.executable, '-m', 'lm_human_preferences.porting.beside_original', str(tmp_path),
                           '--original-url', 'github.com/x'], cwd=REPO_ROOT, capture_output=True, text=True)
     assert out.returncode == 2 and "--original-url 'github.com/x'" in out.stderr
 

@@ -1,8 +1,8 @@
 """Ours: the port beside the original, as a reviewer's diff, file by file and definition by definition.
 
-    python -m lm_human_preferences.beside_original ORIGINAL --out beside.html [--original-url URL]
-    python -m lm_human_preferences.beside_original ORIGINAL --record tests/original_files.json
-    python -m lm_human_preferences.beside_original --table tests/original_files.json
+    python -m lm_human_preferences.porting.beside_original ORIGINAL --out beside.html [--original-url URL]
+    python -m lm_human_preferences.porting.beside_original ORIGINAL --record tests/original_files.json
+    python -m lm_human_preferences.porting.beside_original --table tests/original_files.json
 
 ORIGINAL is a checkout of openai/lm-human-preferences (nothing is downloaded); the map is porting_map.py. The
 page pairs each original function, class, method and closure (the original's trainers define their steps
@@ -12,7 +12,6 @@ names, non-blank lines and code tokens (with its commit), which --table and the 
 
 import argparse
 import html
-import importlib
 import io
 import json
 import os
@@ -22,9 +21,10 @@ import sys
 import tokenize
 from pathlib import Path
 
-from lm_human_preferences.definition_diff import PortingMap, in_order, line_diff, names, pairs, similarity
+from lm_human_preferences.porting import porting_map as map_data
+from lm_human_preferences.porting.definition_diff import PortingMap, in_order, line_diff, names, pairs, similarity
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 LONG_LINE = 120  # columns: the port's style; lines past it are counted against the original's
 
 
@@ -59,7 +59,7 @@ def code_tokens(text):
 
 
 def porting_map():
-    return PortingMap.of(importlib.import_module('lm_human_preferences.porting_map'))
+    return PortingMap.of(map_data)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Ours: the map from the original (openai/lm-human-preferences) to the port, as data.
 
 beside_original.py reads it to pair each original definition with ours; PORTING.md's module map, table of
-renamed names and list of what was not ported are generated from it (`python -m lm_human_preferences.porting_map`
+renamed names and list of what was not ported are generated from it (`python -m lm_human_preferences.porting.porting_map`
 prints them; tests/test_beside_original.py checks PORTING.md holds them as printed).
 """
 
@@ -117,8 +117,9 @@ OTHER_MODULES = [
      "new: the paper's online loop (`train_policy --online.retrains K`), which the original did not ship: above "
      "both trainers, a callback on train_policy's loop (`training/callbacks.py`); its settings, train_policy's "
      "`online.*`"),
-    ('—', '`lm_human_preferences/beside_original.py`, `definition_diff.py`, `porting_map.py`',
-     "new: the page that sets the original beside ours, the pairs of definitions and their diffs, and this map"),
+    ('—', '`lm_human_preferences/porting/beside_original.py`, `definition_diff.py`, `porting_map.py`',
+     "new, the porting review tools (no runtime module imports them): the page that sets the original beside ours, "
+     "the pairs of definitions and their diffs, and this map"),
     ('—', '`benchmarks/`', 'new: throughput, ops dispatched, memory by phase, AdamTF'),
     ('—', '`pyproject.toml`, `lm_human_preferences/utils/optional_deps.py`',
      'new: `pip install -e .`; TensorFlow (`[tf]`, the converter only) and wandb (`[wandb]`) are extras'),

@@ -170,14 +170,16 @@ def frontier_command(train_policy, train_reward, policy_experiments):
                             f'--seeds {",".join(map(str, seed_list))}'] + ([f"--points '{points}'"] if points else [])
                            + ([f"--lr '{lr}'"] if lr else []) + ([f'--labels {labels}'] if labels else [])
                            + [f'--{k} {v}' for k, v in extra_hparams.items()])
+        bound = {k: v for k, v, _ in get_trials(policy_experiments(), 'frontier', exp)[0] if k is not None}
+        num_train = int(extra_hparams.get(sweep.REWARD_PREFIX + 'labels.num_train',
+                                          bound[sweep.REWARD_PREFIX + 'labels.num_train']))
         if not table_only:
-            bound = {k: v for k, v, _ in get_trials(policy_experiments(), 'frontier', exp)[0] if k is not None}
             sweep.Sweep(exp, out, arms=arm_list, seeds=seed_list, points=point_lists, train_policy=train_policy,
                         train_reward=train_reward, bound=bound, extra=extra_hparams,
                         best_of_n_queries=best_of_n_queries, lrs=rates, labels=label_counts,
                         dpo_options=dict(batch_size=dpo_batch_size, epochs=dpo_epochs)).run_all()
         table.write(out, arms=arm_list, kl_budgets=kl_budgets, command=command, figure=figure, doc=doc,
-                    readme=readme)
+                    readme=readme, default_labels=num_train)  # the runs without -labels<N>: on the label axis too
 
     launch_frontier.option_help = dict(points='every arm its defaults (frontier/sweep.py)',
                                        lr="each arm's own (the experiment's ppo.lr; DPO's 1e-4)",

@@ -174,7 +174,7 @@ def frontier_command(train_policy, train_reward, policy_experiments):
         num_train = int(extra_hparams.get(sweep.REWARD_PREFIX + 'labels.num_train',
                                           bound[sweep.REWARD_PREFIX + 'labels.num_train']))
         if not table_only:
-            sweep.Sweep(exp, out, arms=arm_list, seeds=seed_list, points=point_lists, train_policy=train_policy,
+            sweep.Sweep(offline_experiments.experiment(exp), out, arms=arm_list, seeds=seed_list, points=point_lists, train_policy=train_policy,
                         train_reward=train_reward, bound=bound, extra=extra_hparams,
                         best_of_n_queries=best_of_n_queries, lrs=rates, labels=label_counts,
                         dpo_options=dict(batch_size=dpo_batch_size, epochs=dpo_epochs)).run_all()

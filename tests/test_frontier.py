@@ -356,7 +356,7 @@ def test_ppos_score_is_what_best_of_n_picks_by():
 
 def toy_sweep(tmp_path, **options):
     """A Sweep of the toy demo whose commands are never called (what it plans, names and checks)."""
-    return sweep.Sweep('demo', str(tmp_path / 'out'), arms=['ppo', 'best_of_n', 'dpo'], seeds=[1],
+    return sweep.Sweep(demo.EXPERIMENT, str(tmp_path / 'out'), arms=['ppo', 'best_of_n', 'dpo'], seeds=[1],
                        points=sweep.parse_points(None, ['ppo', 'best_of_n', 'dpo']), train_policy=None,
                        train_reward=None, bound={'rewards.train_new_model.labels.num_train': 16,
                                                  'rewards.train_new_model.batch_size': 8, 'ppo.lr': 1e-4},

@@ -132,16 +132,15 @@ class Planned:
 
 
 class Sweep:
-    """The runs of one frontier, in order, each done once (see the module's docstring). train_policy / train_reward:
-    launch.py's commands (called as the command line calls them); bound: the experiment's train_policy bindings
+    """The runs of one frontier, in order, each done once (see the module's docstring). exp: the OfflineExperiment
+    (the launcher's, offline_experiments.py); train_policy / train_reward: launch.py's commands (called as the command
+    line calls them); bound: the experiment's train_policy bindings
     {key: value}; extra: the command line's hparams, for every run (train_policy's names)."""
 
-    def __init__(self, exp_name, out, *, arms, seeds, points, train_policy, train_reward, bound, extra,
+    def __init__(self, exp, out, *, arms, seeds, points, train_policy, train_reward, bound, extra,
                  best_of_n_queries, dpo_options, lrs=None, labels=None):
-        from lm_human_preferences import offline_experiments
         from lm_human_preferences.frontier import dpo
-        self.exp_name, self.out, self.arms, self.seeds, self.points = exp_name, out, arms, seeds, points
-        self.exp = offline_experiments.experiment(exp_name)
+        self.exp, self.exp_name, self.out, self.arms, self.seeds, self.points = exp, exp.name, out, arms, seeds, points
         self.train_policy_command, self.train_reward_command = train_policy, train_reward
         self.extra, self.bound = dict(extra), bound
         self.best_of_n_queries, self.dpo_options = best_of_n_queries, dpo_options

@@ -57,8 +57,8 @@ def label_session(hparams, *, instructions, policy=None, validation=None, num=10
     """Serve the session in hparams.run.save_dir (a train_reward experiment's hparams: its task, labels.type and
     run.seed) until num labels are given; returns the store. instructions: what the page asks, by label kind;
     prepare_task(task, run_seed): what makes the task's initial model first (an offline experiment's pretraining):
-    both the experiment's, which the launcher passes; origin: the page's public address behind a reverse proxy. Every bad argument is
-    one line before anything is made; the page is up before the first questions are made."""
+    both the experiment's, which the launcher passes; origin: the page's public address behind a reverse proxy.
+    Every bad argument is one line before anything is made; the page is up before the first questions are made."""
     task, label_type, seed = hparams.task, hparams.labels.type, hparams.run.seed or 0
     directory = hparams.run.save_dir
     existing = None

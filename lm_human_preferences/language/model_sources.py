@@ -1,7 +1,7 @@
 """Ours: what a model name names and where its files come from, for language/trained_models.py: a GPT-2 release,
 an original TF model dir or its https URL, our model dir, a Hugging Face GPT-2 (a local folder or a hub name), an
-offline experiment's initial model (OFFLINE_MODELS: each experiment declares its own); downloaded once, and converted once into a cache
-dir under saved_models_dir()."""
+offline experiment's initial model (OFFLINE_MODELS: each experiment declares its own); downloaded once, and
+converted once into a cache dir under saved_models_dir()."""
 
 import contextlib
 import fcntl

@@ -10,10 +10,10 @@ human labelers. `python launch.py train_policy <its name> NAME` then runs:
 4. a report (report.py).
 
 `python launch.py train_reward <its name> NAME` runs steps 1-3 for the reward model only and reports its
-accuracy. An experiment package (demo/, sentiment_mini/) declares its OfflineExperiment (its model and labeler, by name:
-OfflineExperiment.declare) and its bindings and registers its query dataset, so that only the launcher knows it. Every step is collective
-under --mpi N: each rank samples its share (in its section, utils/ranks.py) and the process that carries rank
-0 writes the files.
+accuracy. An experiment package (demo/, sentiment_mini/) declares its OfflineExperiment (its model and labeler,
+by name: OfflineExperiment.declare) and its bindings and registers its query dataset, so that only the launcher
+knows it. Every step is collective under --mpi N: each rank samples its share (in its section, utils/ranks.py)
+and the process that carries rank 0 writes the files.
 """
 
 import contextlib
@@ -142,27 +142,23 @@ def prepare_reward_training(exp: OfflineExperiment, hparams: train_reward_module
                 files.atomic_write(path, f.read())
         utils.mpi_bcast(None)  # everyone waits until the copy is in place
     hparams.labels.source = path
-    error, references = None, {}
-    if ranks.is_root():
+
+    def check_and_measure():
         with open(path) as f:
             records = json.load(f)
         if len(records) != num_labels:
-            error = (f'{path} holds {len(records)} label records, this run needs {num_labels} (labels.num_train '
-                     f'{hparams.labels.num_train} + {exp.held_out_labels} held out): it belongs to another run; '
-                     f'give this run another NAME (or --save_dir)')
-        else:
-            print(f"{exp.name}: {num_labels} labels by {exp.labeler.description} in {path} "
-                  f"({hparams.labels.num_train} to train on, {exp.held_out_labels} held out; {made})")
-            if exp.held_out_labels:
-                encoder = trained_models.TrainedModel(hparams.task.policy.initial_model).encoding.get_encoder()
-                train, held_out = records[:hparams.labels.num_train], records[hparams.labels.num_train:]
-                references = dict(ceiling=labeler_ceiling(exp.labeler, held_out, encoder),
-                                  bag_of_words=bag_of_words_accuracy(train, held_out,
-                                                                     padding_token=encoder.padding_token))
-    error = utils.mpi_bcast(error)  # every rank stops, not only rank 0
-    if error is not None:
-        raise ValueError(error)
-    return references
+            raise ValueError(f'{path} holds {len(records)} label records, this run needs {num_labels} '
+                             f'(labels.num_train {hparams.labels.num_train} + {exp.held_out_labels} held out): it '
+                             f'belongs to another run; give this run another NAME (or --save_dir)')
+        print(f"{exp.name}: {num_labels} labels by {exp.labeler.description} in {path} "
+              f"({hparams.labels.num_train} to train on, {exp.held_out_labels} held out; {made})")
+        if not exp.held_out_labels:
+            return {}
+        encoder = trained_models.TrainedModel(hparams.task.policy.initial_model).encoding.get_encoder()
+        train, held_out = records[:hparams.labels.num_train], records[hparams.labels.num_train:]
+        return dict(ceiling=labeler_ceiling(exp.labeler, held_out, encoder),
+                    bag_of_words=bag_of_words_accuracy(train, held_out, padding_token=encoder.padding_token))
+    return utils.root_tries(check_and_measure, fails=(ValueError,)) or {}  # every rank stops, not only rank 0
 
 
 @contextlib.contextmanager

@@ -1,8 +1,9 @@
 """Ours: the map from the original (openai/lm-human-preferences) to the port, as data.
 
 beside_original.py reads it to pair each original definition with ours; PORTING.md's module map, table of
-renamed names and list of what was not ported are generated from it (`python -m lm_human_preferences.porting.porting_map`
-prints them; tests/test_beside_original.py checks PORTING.md holds them as printed).
+renamed names and list of what was not ported are generated from it (`python -m
+lm_human_preferences.porting.porting_map` prints them; tests/test_beside_original.py checks PORTING.md holds them
+as printed).
 """
 
 # The mirrored files: (the original's path, ours, what ours adds or changes).
@@ -75,7 +76,8 @@ OTHER_MODULES = [
     ('—', '`lm_human_preferences/training/memory.py`',
      "new: the memory a run's passes need (calibrated on `benchmarks/memory.py`), for `run.microbatch_size auto`"),
     ('—', '`lm_human_preferences/training/run_checks.py`', 'new: the values a run cannot use, one line each at launch'),
-    ('—', '`lm_human_preferences/training/label_files.py`', "new: train_reward's label files read, checked, fingerprinted, stacked"),
+    ('—', '`lm_human_preferences/training/label_files.py`',
+     "new: train_reward's label files read, checked, fingerprinted, stacked"),
     ('—', '`lm_human_preferences/training/reward_loss.py`, `reward_evaluation.py`',
      "new: the reward model's loss over the ranks side by side, in microbatches; its held-out loss and accuracy"),
     ('—', '`lm_human_preferences/training/side_by_side.py`',

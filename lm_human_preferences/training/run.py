@@ -67,8 +67,10 @@ class Run:
         self.stats = StatsLog(save_dir=self.save_dir, kind=kind, log_interval=hparams.run.log_interval,
                               wandb_init=partial(wandb_run, hparams, kind) if hparams.run.wandb else None)
         self._created = []  # what this run made before it trained anything: removed if it fails then (__exit__)
-        error = None
-        if self.save_dir and ranks.is_root():
+
+        def open_save_dir():
+            if not self.save_dir:
+                return
             try:
                 # A rerun must match the hparams of the run in the save dir (refused, it writes nothing).
                 # A save dir where nothing was trained yet (a run that stopped at a bad input, say) holds
@@ -85,10 +87,9 @@ class Run:
                     self._created.append(os.path.join(self.save_dir, f'{kind}_hparams.json'))
             except (OSError, ValueError) as e:  # SaveDirInUseError, IncompatibleRunError, a damaged stats line
                 self._lock.close()
-                error = (type(e).__name__, _one_line(e, self.save_dir))
-        error = core.mpi_bcast(error)
-        if error is not None:
-            raise (SaveDirInUseError if error[0] == 'SaveDirInUseError' else ValueError)(error[1])
+                raise (SaveDirInUseError if isinstance(e, SaveDirInUseError) else ValueError)(
+                    _one_line(e, self.save_dir)) from None
+        core.root_tries(open_save_dir)
         if ranks.is_root():
             self._print_summary()
 
@@ -148,8 +149,8 @@ class Run:
         Collective."""
         if not self.save_dir:
             return
-        error = None
-        if ranks.is_root():
+
+        def record():
             path = os.path.join(self.save_dir, f'{self.kind}_data.json')
             recorded = {}
             if os.path.exists(path):
@@ -157,22 +158,20 @@ class Run:
                     recorded = json.load(f)
             trained = self.trained_anything()
             if name in recorded and recorded[name] != fingerprint and trained:
-                error = (f'{self.save_dir} holds a run on other {name}: it recorded {_brief(recorded[name])}, '
-                         f'this run has {_brief(fingerprint)}. To resume it, give it its {name} again; to start '
-                         f'a new run, give it another NAME (or --save_dir)')
-            else:
-                # the source the run first recorded stays (a resume from a copied dir or another cache
-                # path reads the same records); before anything was trained, this run's data replace it
-                kept = recorded if trained else {
-                    k: v for k, v in recorded.items() if k not in (name, f'{name}_source')}
-                updated = {name: fingerprint, **({f'{name}_source': source} if source else {}), **kept}
-                if updated != recorded:
-                    if not os.path.exists(path):
-                        self._created.append(path)
-                    files.atomic_write(path, json.dumps(updated, indent=1).encode())
-        error = core.mpi_bcast(error)
-        if error is not None:
-            raise run_compatibility.IncompatibleRunError(error)
+                raise run_compatibility.IncompatibleRunError(
+                    f'{self.save_dir} holds a run on other {name}: it recorded {_brief(recorded[name])}, '
+                    f'this run has {_brief(fingerprint)}. To resume it, give it its {name} again; to start '
+                    f'a new run, give it another NAME (or --save_dir)')
+            # the source the run first recorded stays (a resume from a copied dir or another cache
+            # path reads the same records); before anything was trained, this run's data replace it
+            kept = recorded if trained else {
+                k: v for k, v in recorded.items() if k not in (name, f'{name}_source')}
+            updated = {name: fingerprint, **({f'{name}_source': source} if source else {}), **kept}
+            if updated != recorded:
+                if not os.path.exists(path):
+                    self._created.append(path)
+                files.atomic_write(path, json.dumps(updated, indent=1).encode())
+        core.root_tries(record, fails=(run_compatibility.IncompatibleRunError,))
 
     def resume(self, *, modules: Dict[str, torch.nn.Module], optimizer, samplers=None, model=None):
         """Restore the newest valid training state of the save dir, if any (see training/train_state.py),

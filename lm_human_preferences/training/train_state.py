@@ -21,9 +21,8 @@ import numpy as np
 import torch
 
 from lm_human_preferences.language import checkpoints
-from lm_human_preferences.training.state_files import (FORMAT, TRAIN_STATE_SUBDIR, CheckpointError,
-                                                       CheckpointWriteError, choose_train_state, save_model_checkpoint,
-                                                       state_paths, write_state_files)
+from lm_human_preferences.training.state_files import (FORMAT, TRAIN_STATE_SUBDIR, CheckpointError, choose_train_state,
+                                                       save_model_checkpoint, state_paths, write_state_files)
 from lm_human_preferences.utils import core, distributed, ranks
 
 
@@ -163,36 +162,26 @@ def save_train_state(save_dir, step, *, modules: Dict[str, torch.nn.Module], opt
     samplers = dict(samplers or {})
     process_rng, local_rank_rngs = _local_rng_states()
     rank_rngs = distributed.gather_ranks_to_root(local_rank_rngs)
-    error = root_error = sidecar_path = None
-    if ranks.is_root():
-        try:
-            # The weights of a module that save_model wrote as a model checkpoint are read back from it
-            # on resume instead of being stored a second time.
-            model_files = save_model_checkpoint(save_model, save_dir) if save_model is not None else {}
-            tensors, json_state = _tensor_state({k: m for k, m in modules.items() if k not in model_files},
-                                                optimizer, extra)
-            json_state['module_checkpoints'] = {k: os.path.relpath(p, save_dir) for k, p in model_files.items()}
-            sidecar_path = write_state_files(save_dir, step, tensors, dict(
-                json_state,
-                format=FORMAT,
-                step=int(step),
-                world_size=ranks.get_world_size(),
-                modules=sorted(modules),
-                samplers={k: s.batches_drawn for k, s in samplers.items()},
-                # The ranks' streams, and the process's own (the same in every process).
-                rng=dict(ranks=rank_rngs, process=process_rng),
-            ), keep=keep)
-        except Exception as e:
-            root_error, error = e, (str(e), getattr(e, 'errno', None))
+
+    def write():
+        # The weights of a module that save_model wrote as a model checkpoint are read back from it
+        # on resume instead of being stored a second time.
+        model_files = save_model_checkpoint(save_model, save_dir) if save_model is not None else {}
+        tensors, json_state = _tensor_state({k: m for k, m in modules.items() if k not in model_files},
+                                            optimizer, extra)
+        json_state['module_checkpoints'] = {k: os.path.relpath(p, save_dir) for k, p in model_files.items()}
+        return write_state_files(save_dir, step, tensors, dict(
+            json_state,
+            format=FORMAT,
+            step=int(step),
+            world_size=ranks.get_world_size(),
+            modules=sorted(modules),
+            samplers={k: s.batches_drawn for k, s in samplers.items()},
+            # The ranks' streams, and the process's own (the same in every process).
+            rng=dict(ranks=rank_rngs, process=process_rng),
+        ), keep=keep)
     # Every rank learns whether rank 0 succeeded, so that none goes on into the next collective alone.
-    error = core.mpi_bcast(error)
-    if root_error is not None:
-        raise root_error
-    if error is not None:
-        e = CheckpointWriteError(error[0])
-        e.errno = error[1]
-        raise e
-    return sidecar_path
+    return core.root_tries(write, fails=(Exception,))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -413,8 +413,8 @@ def mpi_allreduce_mean_grads(params):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Ours, after the original's functions: tf.nn.moments, which the original's whiten uses, and this process's
-# index on its machine, which get_device uses.
+# Ours, after the original's functions: tf.nn.moments, which the original's whiten uses, this process's index on
+# its machine, which get_device uses, and what every rank learns of rank 0's try (root_tries).
 
 
 def moments(values, dim=None):
@@ -431,3 +431,31 @@ def get_local_rank():
     """This process's index on its machine (set by launch.py / torchrun); the original derived it from
     MPI host names."""
     return int(os.environ.get('LOCAL_RANK', '0'))
+
+
+def root_tries(attempt, *, fails=(OSError, ValueError)):
+    """Ours, the one way of "rank 0 tries, every rank learns the error": attempt() runs in the process that carries
+    rank 0 alone (a save dir's files, a download); what it raises of `fails` reaches every process in one
+    broadcast, which is also the barrier (the others wait for rank 0, rather than go on into the next collective
+    alone or wait for a file that never comes), and every process raises it: rank 0 its own exception, the others
+    one of its class with its message (and errno; a RuntimeError where the class takes more than a message).
+    Returns attempt()'s value in the process that carries rank 0, None in the others."""
+    value = error = None
+    if ranks.is_root():
+        try:
+            value = attempt()
+        except fails as e:
+            error = e
+    learned = mpi_bcast(None if error is None else (type(error), str(error), getattr(error, 'errno', None)))
+    if error is not None:
+        raise error
+    if learned is not None:
+        cls, message, errno = learned
+        try:
+            error = cls(message)
+        except TypeError:
+            error = RuntimeError(message)
+        if errno is not None:
+            error.errno = errno
+        raise error
+    return value

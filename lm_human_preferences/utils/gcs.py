@@ -315,23 +315,20 @@ def download_file_cached(url, *, cache_dir=None, validate=None, retries=4, backo
         return url
     from lm_human_preferences.utils import core  # lazily: core imports torch
     dest = cached_path(url, cache_dir=cache_dir)
-    error = None
-    if ranks.is_root():
+
+    def download():
         try:
             if os.path.exists(dest):
                 _check_cached(url, dest, validate)
-            else:
-                error = _fetch(url, dest, validate=validate, retries=retries, backoff_s=backoff_s,
-                               timeout_s=timeout_s)
-        except DownloadError as e:
-            error = str(e)
+                return
+            error = _fetch(url, dest, validate=validate, retries=retries, backoff_s=backoff_s, timeout_s=timeout_s)
         except OSError as e:  # the cache cannot be written (read-only, full disk)
             error = f'could not download {url} into the cache {dest}: {e.strerror or e}'
-    # The broadcast doubles as the barrier: the other ranks wait here until rank 0 is done, and fail
-    # with rank 0's error instead of waiting for a file that will never come.
-    error = core.mpi_bcast(error)
-    if error is not None:
-        raise DownloadError(error)
+        if error is not None:
+            raise DownloadError(error)
+    # The other ranks wait until rank 0 is done, and fail with rank 0's error instead of waiting for a file that
+    # will never come.
+    core.root_tries(download, fails=(DownloadError,))
     if not os.path.exists(dest):
         raise DownloadError(f'could not download {url}: rank 0 downloaded it to {dest}, which rank {ranks.get_rank()} '
                            f'cannot see (the cache dir must be shared by all ranks)')
@@ -349,10 +346,11 @@ def download_hub_snapshot(repo_id, *, allow_patterns, cache_dir, note=''):
 
     from lm_human_preferences.utils import core  # lazily: core imports torch
     what = f"could not download the Hugging Face model '{repo_id}'{note}"
-    error = None
-    if ranks.is_root():
+
+    def download():
         try:
             snapshot_download(repo_id, allow_patterns=allow_patterns, cache_dir=cache_dir)
+            return
         except errors.GatedRepoError:
             error = f'{what}: it is gated (accept its terms on the hub, then log in: hf auth login)'
         except errors.RepositoryNotFoundError:
@@ -364,7 +362,6 @@ def download_hub_snapshot(repo_id, *, allow_patterns, cache_dir, note=''):
             error = f'{what}: {str(e).splitlines()[0]}'
         except OSError as e:  # the cache cannot be written (read-only, full disk)
             error = f'{what} into the cache {cache_dir}: {e.strerror or e}'
-    error = core.mpi_bcast(error)
-    if error is not None:
         raise DownloadError(error)
+    core.root_tries(download, fails=(DownloadError,))
     return snapshot_download(repo_id, allow_patterns=allow_patterns, cache_dir=cache_dir, local_files_only=True)

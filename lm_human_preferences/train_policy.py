@@ -591,7 +591,10 @@ def train(hparams: HParams, callbacks=()):
                               restore=lambda: resume(run, ppo_trainer, m))
 
         # Ours: the original's `finally: save()`, Ctrl-C, the learning curves and a summary (training/run.py).
-        with run.training(step=lambda: ppo_trainer.global_step, save=save), callbacks.around_training():
+        next_steps = [f'sample:       python sample.py sample --save_dir {run.save_dir} --nsamples 8',
+                      f'export:       python sample.py export --save_dir {run.save_dir} --out HF_DIR']
+        with run.training(step=lambda: ppo_trainer.global_step, save=save, next_steps=next_steps), \
+                callbacks.around_training():
             while ppo_trainer.global_step < nupdates(hparams):
                 callbacks.on_step_begin()
                 ppo_trainer.step()

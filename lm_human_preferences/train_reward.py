@@ -380,5 +380,8 @@ def train(hparams: HParams):
         utils.sync_params(reward_model)
 
         # Ours: the final save (as the original's, at the end), Ctrl-C, the curves and a summary.
-        with run.training(step=lambda: reward_trainer.global_step, save=reward_trainer.save):
+        with run.training(step=lambda: reward_trainer.global_step, save=reward_trainer.save, next_steps=[
+                f'use it:       python launch.py train_policy EXPERIMENT NAME --rewards.trained_model {run.model_dir} '
+                '--rewards.train_new_model off', f'export:       python sample.py export --save_dir {run.save_dir} '
+                '--savescope reward_model --out HF_DIR']):
             return reward_trainer.train()

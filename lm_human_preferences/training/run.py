@@ -258,12 +258,13 @@ class Run:
             self._prune_model_checkpoints()
 
     @contextlib.contextmanager
-    def training(self, *, step: Callable[[], int], save: Optional[Callable[[], None]] = None):
+    def training(self, *, step: Callable[[], int], save: Optional[Callable[[], None]] = None, next_steps=()):
         """The trainer's loop runs in this block; step() tells where it is. On success: save() (the final
-        save), the learning curves, a summary. A stop signal (stopping_on_signals) waits for the loop's next
-        step boundary (save_due), or the block's end, and is one line saying where the run stopped and how a
-        rerun resumes; a second Ctrl-C stops at once. On a non-finite value or a failed save: nothing more is
-        written. On other errors: the model checkpoint of the weights reached (save_model_at_exit)."""
+        save), the learning curves, a summary (with next_steps: the caller's lines of what to run next). A stop
+        signal (stopping_on_signals) waits for the loop's next step boundary (save_due), or the block's end, and is
+        one line saying where the run stopped and how a rerun resumes; a second Ctrl-C stops at once. On a
+        non-finite value or a failed save: nothing more is written. On other errors: the model checkpoint of the
+        weights reached (save_model_at_exit)."""
         with stopping.deferred():
             Run._open_training_blocks += 1
             try:
@@ -283,7 +284,7 @@ class Run:
                 Run._open_training_blocks -= 1
         if self.save_dir and ranks.is_root():
             plots.plot_learning_curves(self.save_dir, kinds=(self.kind[len('train_'):],))
-            print(self.summary(step()))
+            print(self.summary(step(), next_steps))
         signum = stopping.stop_signal_of_any_process()
         if signum:  # it came after the last step boundary: the run finished first
             e = stopping.Stopped(signum)
@@ -313,8 +314,9 @@ class Run:
             line = f'{stopped} during step {step} (not saved); rerunning the same command resumes {resume}'
         print(line, file=sys.stderr)
 
-    def summary(self, step):
-        """The end-of-run lines: final metrics, wall time, where everything is and what to run next."""
+    def summary(self, step, next_steps=()):
+        """The end-of-run lines: final metrics, wall time, where everything is and what to run next (next_steps,
+        the caller's: its commands know its outputs)."""
         metrics = ', '.join(f'{k} {self.stats.last[k]:.4g}' for k in SUMMARY_METRICS[self.kind] if k in self.stats.last)
         lines = [f'{self.kind} done: {step} steps in {progress.duration(time.time() - self.started)}'
                  + (f'; {metrics}' if metrics else '')]
@@ -324,14 +326,7 @@ class Run:
                       f'  curves:       {os.path.join(self.save_dir, f"{self.kind}_curves.png")}',
                       f'  stats:        {self.stats.jsonl_path}',
                       f'  tensorboard:  tensorboard --logdir {os.path.join(self.save_dir, "tb")}']
-            if self.kind == 'train_policy':
-                lines += [f'  sample:       python sample.py sample --save_dir {self.save_dir} --nsamples 8',
-                          f'  export:       python sample.py export --save_dir {self.save_dir} --out HF_DIR']
-            else:
-                lines += [f'  use it:       python launch.py train_policy EXPERIMENT NAME --rewards.trained_model '
-                          f'{self.model_dir} --rewards.train_new_model off',
-                          f'  export:       python sample.py export --save_dir {self.save_dir} '
-                          f'--savescope reward_model --out HF_DIR']
+            lines += ['  ' + line for line in next_steps]
         return '\n'.join(lines)
 
 

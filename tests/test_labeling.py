@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from lm_human_preferences import label_types, lm_tasks, train_reward
-from lm_human_preferences.labeling import export, questions, store as store_module
+from lm_human_preferences.labeling import export, questions, session_stats, store as store_module
 from lm_human_preferences.labeling.server import LabelServer
 from lm_human_preferences.labeling.store import LabelStore, LabelingError
 from lm_human_preferences.language import encodings, trained_models
@@ -140,7 +140,7 @@ def test_questions_asked_twice_give_agreement(tmp_path):
         question, order = found
         store.answer('bob', question['id'], order.index(0 if len(bob) <= 3 else 1))
     assert bob == [q for q in store.order if store.questions[q]['overlap']]
-    agreement = store.agreement()
+    agreement = session_stats.agreement(store)
     assert agreement == dict(pairs=5, agree=3 / 5, chance=0.25)
     assert len(labels_file(store)) == 25  # both answers of a question asked twice are labels
 
@@ -154,7 +154,8 @@ def test_undo_takes_back_the_last_answer_or_skip(tmp_path):
     assert store.undo('ann') == second['id']  # the skip
     assert store.next_for('ann')[0]['id'] == second['id']  # shown again, next
     assert store.undo('ann') == first['id']  # then the answer
-    assert labels_file(store) == [] and store.progress('ann') == dict(done=0, target=5, mine=0, skipped=0)
+    assert labels_file(store) == []
+    assert session_stats.progress(store, 'ann') == dict(done=0, target=5, mine=0, skipped=0)
     with pytest.raises(LabelingError, match='no answer or skip to undo'):
         store.undo('ann')
     store.answer('ann', first['id'], 3)  # answered again after the undo
@@ -162,7 +163,7 @@ def test_undo_takes_back_the_last_answer_or_skip(tmp_path):
     # Reopened from its files, the session is as it was: the log is the truth.
     store.close_files()
     reopened = LabelStore(store.directory)
-    assert reopened.progress('ann') == dict(done=1, target=5, mine=1, skipped=0)
+    assert session_stats.progress(reopened, 'ann') == dict(done=1, target=5, mine=1, skipped=0)
     assert [e['question'] for e in reopened.events] == [first['id']]
 
 
@@ -182,12 +183,12 @@ def test_a_kill_loses_at_most_the_event_being_written(tmp_path):
                  ).encode())
     reopened = LabelStore(directory)
     assert len(reopened.order) == 6 and reopened.batches == 1  # the partial batch is gone
-    assert reopened.progress('ann')['done'] == 3 and len(labels_file(reopened)) == 3
+    assert session_stats.progress(reopened, 'ann')['done'] == 3 and len(labels_file(reopened)) == 3
     question, _ = reopened.next_for('ann')
     assert question['id'] not in reopened.done_by['ann']  # never one she answered
     reopened.answer('ann', question['id'], 0)  # the next append starts a line of its own
     reopened.close_files()
-    assert LabelStore(directory).progress()['done'] == 4
+    assert session_stats.progress(LabelStore(directory))['done'] == 4
 
 
 def test_a_damaged_question_file_is_named_never_emptied_and_restored_from_its_batch_made_again(tmp_path):
@@ -210,7 +211,8 @@ def test_a_damaged_question_file_is_named_never_emptied_and_restored_from_its_ba
     with pytest.raises(store_module.DamagedSession, match='made again differs'):
         LabelStore.restore_batch(store.directory, 0, make_questions(6, seed=1))
     restored = LabelStore.restore_batch(store.directory, 0, make_questions(6))
-    assert len(restored.order) == 6 and restored.progress()['done'] == 3 and len(labels_file(restored)) == 3
+    assert len(restored.order) == 6 and session_stats.progress(restored)['done'] == 3
+    assert len(labels_file(restored)) == 3
     restored.close_files()
     # answers to questions the file lacks altogether: named, one line
     with open(tmp_path / 'session' / 'answers.jsonl', 'a') as f:
@@ -243,7 +245,7 @@ def test_policy_wins_counts_picks_of_pi(tmp_path):
     for best in (2, 3, 0, 3):
         q, order = store.next_for('ann')
         store.answer('ann', q['id'], order.index(best))
-    assert store.policy_wins() == dict(wins=0.75, answers=4)
+    assert session_stats.policy_wins(store) == dict(wins=0.75, answers=4)
 
 
 def test_secrets_and_names(tmp_path):

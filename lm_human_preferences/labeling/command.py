@@ -14,6 +14,7 @@ import time
 
 from lm_human_preferences.labeling import questions as questions_module
 from lm_human_preferences.labeling import session as session_module
+from lm_human_preferences.labeling import session_stats
 from lm_human_preferences.labeling.server import LabelServer, check_origin, is_loopback
 from lm_human_preferences.labeling.store import SESSION_FILE, parse_labelers
 from lm_human_preferences.language import trained_models
@@ -149,7 +150,8 @@ def _serve(store, server, *, task, label_type, seed, initial_model, run_dir, val
         server.more_questions = more_questions
         _wait(store, server, question_batch)
     except KeyboardInterrupt as e:
-        print(f'\nlabel stopped by {stopping.signal_name(getattr(e, "signum", 2))}: {store.progress()["done"]} labels '
+        done = session_stats.progress(store)['done']
+        print(f'\nlabel stopped by {stopping.signal_name(getattr(e, "signum", 2))}: {done} labels '
               f'are saved in {store.directory}; rerunning the same command goes on from there', file=sys.stderr)
         e.reported = True
         raise
@@ -175,9 +177,9 @@ def _announce(store, server, task, run_dir, validation):
 
 
 def _status(store):
-    p = store.progress()
-    per = ', '.join(f'{k} {v["answers"]}' for k, v in store.per_labeler().items())
-    agreement = store.agreement()
+    p = session_stats.progress(store)
+    per = ', '.join(f'{k} {v["answers"]}' for k, v in session_stats.per_labeler(store).items())
+    agreement = session_stats.agreement(store)
     agree = (f'; agreement {agreement["agree"]:.0%} on {agreement["pairs"]} questions asked twice'
              + (f' (chance {agreement["chance"]:.0%})' if agreement['chance'] else '') if agreement['pairs'] else '')
     return f'{p["done"]}/{p["target"]} labels' + (f' ({per})' if per else '') + agree
@@ -191,7 +193,7 @@ def _wait(store, server, question_batch, poll_s=0.5):
         if store.unasked() < question_batch // 2:
             with server.making:
                 server.more_questions(store)
-        done = store.progress()['done']
+        done = session_stats.progress(store)['done']
         if done != last and time.time() - printed >= 5:
             print(f'[label: {_status(store)}]', flush=True)
             last, printed = done, time.time()
@@ -200,7 +202,7 @@ def _wait(store, server, question_batch, poll_s=0.5):
 
 
 def _finish(store):
-    n = store.progress()['done']
+    n = session_stats.progress(store)['done']
     directory = store.directory
     print(f'label done: {_status(store)}')
     print(f'  labels:  {os.path.join(directory, "labels.json")} (the original\'s format)')

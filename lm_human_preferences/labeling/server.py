@@ -41,6 +41,7 @@ from werkzeug.routing import Map, Rule
 from werkzeug.serving import WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
+from lm_human_preferences.labeling import session_stats
 from lm_human_preferences.labeling.store import (COMPARE_SCALE, RATING_SCALE, BadAnswer, LabelingError, NotNow,
                                                  UnknownQuestion, WrongLabeler)
 from lm_human_preferences.language import encodings
@@ -309,7 +310,7 @@ class LabelServer:
         return dict(label_type=store.label_type, label=store.label_key, instruction=instruction,
                     responses=len(store.sample_keys), labeler=labeler,
                     scale=dict(score=RATING_SCALE, difference=COMPARE_SCALE).get(store.label_key),
-                    scale_ends=list(ends.groups()) if ends else None, progress=store.progress(labeler))
+                    scale_ends=list(ends.groups()) if ends else None, progress=session_stats.progress(store, labeler))
 
     def on_next(self, request):
         store = self.store
@@ -340,21 +341,21 @@ class LabelServer:
         store = self.store
         labeler = self._labeler(store, body)
         store.answer(labeler, body['question'], body['choice'], client_seconds=body.get('seconds'))
-        return _json(dict(ok=True, progress=store.progress(labeler)))
+        return _json(dict(ok=True, progress=session_stats.progress(store, labeler)))
 
     def on_skip(self, request):
         body = self._body(request, 'question')
         store = self.store
         labeler = self._labeler(store, body)
         store.skip(labeler, body['question'])
-        return _json(dict(ok=True, progress=store.progress(labeler)))
+        return _json(dict(ok=True, progress=session_stats.progress(store, labeler)))
 
     def on_undo(self, request):
         body = self._body(request)
         store = self.store
         labeler = self._labeler(store, body)
         question = store.undo(labeler)
-        return _json(dict(ok=True, question=question, progress=store.progress(labeler)))
+        return _json(dict(ok=True, question=question, progress=session_stats.progress(store, labeler)))
 
     def on_status(self, request):
         store = self.store
@@ -365,6 +366,7 @@ class LabelServer:
                 raise WrongLabeler('off this machine the status is for the session\'s named labelers: '
                                    '?labeler=NAME&key=KEY of your link')
             self._labeler(store, request.args)
-        return _json(dict(state='done' if store.complete() else 'open', progress=store.progress(),
-                          agreement=store.agreement(), pi_beats_rho=store.policy_wins(), labelers=store.per_labeler(),
+        return _json(dict(state='done' if store.complete() else 'open', progress=session_stats.progress(store),
+                          agreement=session_stats.agreement(store), pi_beats_rho=session_stats.policy_wins(store),
+                          labelers=session_stats.per_labeler(store),
                           session=os.path.basename(os.path.normpath(store.directory))))

@@ -172,7 +172,7 @@ class LabelStore:
         self.label_type = self.session['label_type']
         self.sample_keys = sample_keys(self.label_type)
         self.label_key = label_key(self.label_type)
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()  # held while the server's threads read or change the state below
         self.questions = {}  # id -> question record (as in questions.jsonl)
         self.order = []  # question ids in the order they were added
         self.answers = {}  # question id -> [answer events, in order]
@@ -297,7 +297,7 @@ class LabelStore:
     def add_questions(self, questions):
         """Append a batch of questions (dicts holding the label type's question fields, plus anything JSON-able
         to keep with them, e.g. `origin`); returns their ids. The batch is on disk before any is served."""
-        with self._lock:
+        with self.lock:
             for question in questions:
                 missing = [k for k in ['query'] + self.sample_keys if k not in question]
                 if missing:
@@ -333,13 +333,13 @@ class LabelStore:
         return sum(self.wanted(q) for q in self.order) if target is None else target
 
     def set_target(self, target):
-        with self._lock:
+        with self.lock:
             self.session['target'] = target
 
     def unasked(self, now=None):
         """Questions nobody has answered or is being shown (the queue ahead)."""
         now = time.time() if now is None else now
-        with self._lock:
+        with self.lock:
             leased = {q for q, shown in self.leases.values() if now - shown < LEASE_S}
             return sum(1 for q in self.order if q not in self.answers and q not in leased)
 
@@ -372,7 +372,7 @@ class LabelStore:
         when nothing is left for them (the session complete, closed, or every open question theirs already or
         someone else's)."""
         now = time.time() if now is None else now
-        with self._lock:
+        with self.lock:
             if self.closed or self.complete():
                 return None
             lease = self.leases.get(labeler)
@@ -448,7 +448,7 @@ class LabelStore:
         if client_seconds is not None and (isinstance(client_seconds, bool) or not isinstance(
                 client_seconds, (int, float)) or not 0 <= client_seconds < float('inf')):
             raise BadAnswer(f'seconds {client_seconds!r}: expected the seconds the answer took, a number at least 0')
-        with self._lock:
+        with self.lock:
             self._question_for(labeler, question_id)
             order = self.shown_order(question_id, labeler)
             label = self.label_of(choice, order)
@@ -464,7 +464,7 @@ class LabelStore:
         """Record a program's answers at once ({question id: label value (the original's)}), shown in the
         questions' own order; one fsync for all."""
         now = time.time() if now is None else now
-        with self._lock:
+        with self.lock:
             order = list(range(len(self.sample_keys)))
             for question_id, value in labels.items():
                 self._question_for(labeler, question_id)
@@ -480,7 +480,7 @@ class LabelStore:
     def skip(self, labeler, question_id, *, now=None):
         """The labeler passes on the question shown to them: never shown to them again, open to others."""
         now = time.time() if now is None else now
-        with self._lock:
+        with self.lock:
             self._question_for(labeler, question_id)
             shown = self._leased(labeler, question_id)
             self._log(dict(event='skip', question=question_id, labeler=labeler, order=self.shown_order(
@@ -491,7 +491,7 @@ class LabelStore:
         """Take back the labeler's last answer or skip (not one already undone): its question is theirs again,
         shown next. Returns the question id."""
         now = time.time() if now is None else now
-        with self._lock:
+        with self.lock:
             if self.closed:
                 raise NotNow('this session is closed: its answers are final')
             history = self.history.get(labeler, [])
@@ -504,7 +504,7 @@ class LabelStore:
 
     def close(self):
         """No more answers or undos (the online loop has read the labels)."""
-        with self._lock:
+        with self.lock:
             if not self.closed:
                 self._log(dict(event='close', at=time.time()))
 
@@ -534,48 +534,9 @@ class LabelStore:
 
     def label_records(self):
         """The labels as the original's records: the question's fields and the label, in the order given."""
-        with self._lock:
+        with self.lock:
             fields = ['query'] + self.sample_keys
             return [dict({k: self.questions[e['question']][k] for k in fields}, **e['label']) for e in self.events]
 
     def _write_labels(self):
         files.atomic_write(os.path.join(self.directory, LABELS_FILE), json.dumps(self.label_records()).encode())
-
-    def progress(self, labeler=None):
-        """{done: labels given, target, mine: the labeler's answers, skipped: theirs}."""
-        with self._lock:
-            mine = self.done_by.get(labeler, {}).values()
-            return dict(done=len(self.events), target=self.target, mine=sum(1 for v in mine if v == 'answer'),
-                        skipped=sum(1 for v in mine if v == 'skip'))
-
-    def agreement(self):
-        """How often two labelers of a question asked twice agree: best_of_N, the same pick (chance 1/N);
-        scalar_compare, the same sign of the difference; scalar_rating, scores within 1 of each other. Returns
-        dict(pairs, agree: the share, or None without pairs, chance: best_of_N's)."""
-        with self._lock:
-            pairs = [a for a in self.answers.values() if len(a) >= 2]
-        same = {'best': lambda x, y: x == y, 'difference': lambda x, y: (x > 0) - (x < 0) == (y > 0) - (y < 0),
-                'score': lambda x, y: abs(x - y) <= 1}[self.label_key]
-        agree = [same(a[0]['label'][self.label_key], a[1]['label'][self.label_key]) for a in pairs]
-        return dict(pairs=len(pairs), agree=sum(agree) / len(agree) if agree else None,
-                    chance=1 / len(self.sample_keys) if self.label_key == 'best' else None)
-
-    def policy_wins(self):
-        """For best_of_N questions in the validation form (their `pi_samples`: the indices sampled from the
-        trained policy pi, the others from the initial one rho), the share of answers that picked a sample of pi
-        (0.5 by chance with as many of each), and their number: dict(wins, answers)."""
-        with self._lock:
-            picks = [e['label']['best'] in self.questions[e['question']]['pi_samples'] for e in self.events
-                     if self.label_key == 'best' and self.questions[e['question']].get('pi_samples')]
-        return dict(wins=sum(picks) / len(picks) if picks else None, answers=len(picks))
-
-    def per_labeler(self):
-        """Per labeler: answers, skips, median seconds an answer took (as the server timed them)."""
-        with self._lock:
-            summary = {}
-            for labeler, history in self.history.items():
-                seconds = sorted(e['seconds'] for e in history if e['event'] == 'answer' and e['seconds'] is not None)
-                summary[labeler] = dict(answers=sum(1 for e in history if e['event'] == 'answer'),
-                                        skips=sum(1 for e in history if e['event'] == 'skip'),
-                                        median_seconds=seconds[len(seconds) // 2] if seconds else None)
-            return summary

@@ -38,6 +38,7 @@ from lm_human_preferences import label_types, train_policy, train_reward
 from lm_human_preferences.labeling import programs
 from lm_human_preferences.labeling import questions as questions_module
 from lm_human_preferences.labeling import session as session_module
+from lm_human_preferences.labeling import session_stats
 from lm_human_preferences.labeling.online_hparams import PEOPLE, split_weights
 from lm_human_preferences.labeling.server import LabelServer
 from lm_human_preferences.labeling.store import DamagedSession, LabelStore, parse_labelers
@@ -311,7 +312,7 @@ class OnlineLoop:
         try:
             while not store.complete():
                 if time.time() - printed >= PRINT_EVERY_S:
-                    p = store.progress()
+                    p = session_stats.progress(store)
                     print(f'[online round {k}/{len(self.steps)}: PPO waits for {p["target"] - p["done"]} more labels '
                           f'({p["done"]}/{p["target"]} given): label at {self.server.link()}]', flush=True)
                     printed = time.time()
@@ -389,10 +390,10 @@ class OnlineLoop:
         stats = {'online/round': k, 'online/labels': len(self._initial_labels()[0]) + sum(self.sizes[:k])}
         if ranks.is_root():
             store = LabelStore(self._round_dir(k), writable=False)
-            wins = store.policy_wins()
+            wins = session_stats.policy_wins(store)
             if wins['answers']:
                 stats.update({'online/pi_beats_rho': wins['wins'], 'online/pi_beats_rho_labels': wins['answers']})
-            agreement = store.agreement()
+            agreement = session_stats.agreement(store)
             if agreement['pairs']:
                 stats['online/agreement'] = agreement['agree']
             if 'eval' in results:

@@ -21,6 +21,31 @@ deadline=$((SECONDS + ${STAGE_LIMIT:-560}))
 CARRY=(.whl .before .shared)
 # the commit before the bf16 mode's own kernels (language/bf16.py), at which the README's H100 timings were taken
 BEFORE_COMMIT=6f2d7ba
+# The CUDA tier, what `tests` runs (TESTS_ARGS=tests: the whole suite): every test that names a device or takes a
+# CUDA path of its own: the bf16 kernels, the samplers (CUDA graphs, no host syncs, the chunked sampler's CPU-only
+# switch), the parity with the original's equations on CUDA, the memory plans, processes side by side on one GPU
+# (cuBLAS's shapes), the trainers' runs with their CUDA defaults (bf16, the GPU's first line), the question maker
+# and one online run (two rounds), the launcher's GPU count, the DPO tiles' CUDA switch. Sized for one GPU in
+# under 4 minutes with the default workers (the H200's whole suite ran at ~2.4 tests a second on 14).
+CUDA_TIER=(
+  tests/test_bf16.py tests/test_sample.py tests/test_vocab_sampling.py tests/test_parity.py tests/test_memory.py
+  tests/test_benchmark.py tests/test_on_gpu.py
+  tests/test_ranks.py::test_train_reward_same_for_any_number_of_processes
+  tests/test_ranks.py::test_train_policy_same_for_any_number_of_processes_and_resumes_under_another
+  tests/test_train_policy.py::test_first_minibatch_ratio_is_one tests/test_train_policy.py::test_reward_training
+  tests/test_train_reward.py::test_bf16_training_run
+  tests/test_labeling.py::test_questions_pass_the_truncation_filter_and_are_the_same_when_made_again
+  tests/test_labeling.py::test_validation_questions_set_half_of_pi_beside_half_of_rho_in_shuffled_places
+  tests/test_labeling.py::test_questions_are_drawn_on_the_policys_device_whatever_the_command_device
+  tests/test_online.py::test_the_rounds_retrain_on_every_label_so_far
+  tests/test_run.py::test_the_launcher_refuses_a_save_dir_in_use_before_any_worker_starts
+  tests/test_run.py::test_the_first_lines_device_reads_a_cpu_or_a_gpu
+  tests/test_run.py::test_progress_summary_and_one_line_missing_heads
+  tests/test_run.py::test_reward_progress_and_summary
+  tests/test_launch.py::test_rank_and_process_counts_are_checked_at_launch
+  tests/test_core_utils.py::test_single_process_distributed_helpers
+  tests/test_frontier.py::test_dpo_cpu_tiles_keep_trls_log_probs_and_gradients
+)
 # what the suite imports that the GPU image lacks, and what those need that it lacks too (the versions the
 # project's own environment runs, where the suite passes)
 WHEELS=(vaderSentiment==3.3.2 ftfy==6.3.1 wcwidth==0.9.4 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19)
@@ -87,6 +112,11 @@ run() {
   timeout -s INT -k 10 $left "$@" >> "$log" 2>&1
 }
 
+collected() {
+  # How many tests pytest collects from its arguments
+  python3 -m pytest --collect-only -q -p no:cacheprovider "$@" 2> /dev/null | grep -c '::'
+}
+
 timing() {
   # train_timing.py rows (ARGS each), one process each, into train_timing_<gpu>.jsonl
   for args in "$@"; do
@@ -103,15 +133,20 @@ case $stage in
     python3 -m pip list 2>/dev/null | grep -i -E '^(numpy|pyarrow|fsspec|huggingface.hub|transformers|tiktoken|pytest|pytest-xdist) ' | tee -a "$out/env_$gpu.txt"
     { [ -z "$installed" ] || echo "$installed"; check_needs; } | tee -a "$out/env_$gpu.txt";;
   tests)
-    # The whole suite: the trainers pick CUDA (utils.get_device) and bf16 (run.bf16 auto) there; the tests
-    # that name a device run on both. LMHP_TEST_PARITY_ORIGINALS: see tests/test_parity.py (no TF here).
-    # At the deadline pytest stops as after Ctrl-C, and still prints its summary and writes the XML.
+    # The CUDA tier (CUDA_TIER above; TESTS_ARGS: other tests, e.g. `tests`, the whole suite): the trainers pick
+    # CUDA (utils.get_device) and bf16 (run.bf16 auto) there; the tests that name a device run on both.
+    # LMHP_TEST_PARITY_ORIGINALS: see tests/test_parity.py (no TF here). At the deadline pytest stops as after
+    # Ctrl-C, and still prints its summary and writes the XML. Then the share of the suite's tests it ran.
     { [ -z "$installed" ] || echo "$installed"; check_needs; } > "$out/pytest_$gpu.log" 2>&1 || { cat "$out/pytest_$gpu.log"; exit 1; }
     [ ! -d .shared ] || export LMHP_TEST_SHARED_DIR=$root/.shared
     workers=${TESTS_WORKERS:-6}  # pytest-xdist's workers (the image has it); 0: none
+    selected=${TESTS_ARGS:-${CUDA_TIER[*]}}
     run "$out/pytest_$gpu.log" python3 -m pytest -q -rfEs -p no:cacheprovider $([ "$workers" = 0 ] || echo "-n $workers") \
-      ${TESTS_ARGS:-tests} --junitxml "$out/pytest_$gpu.xml"
-    tail -25 "$out/pytest_$gpu.log";;
+      $selected --junitxml "$out/pytest_$gpu.xml"
+    tail -25 "$out/pytest_$gpu.log"
+    covered=$(collected $selected) suite=$(collected tests)
+    echo "on_gpu.sh: these tests are $covered of the suite's $suite ($((100 * covered / (suite > 0 ? suite : 1))) %)" \
+      | tee -a "$out/pytest_$gpu.log";;
   same_numbers)
     # train_policy test and train_reward test with the paper's --mpi 4 on CUDA and on the CPU, both in fp32
     # (TF32 off: NVIDIA_TF32_OVERRIDE=0 whatever torch's flags say): weights, Adam moments, normalization.

@@ -5,6 +5,7 @@ stages that use them, on this machine, without a GPU (no stage is timed or run i
 import base64
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -50,6 +51,17 @@ def test_what_the_gpu_machine_is_carried_lies_in_ignored_folders_inside_the_tree
         f'python3 benchmarks/train_timing.py --exp sentiment --model 124M --repo {before}',
         'python3 benchmarks/train_timing.py --exp tldr --model 124M',
         f'python3 benchmarks/train_timing.py --exp tldr --model 124M --repo {before}']
+
+
+def test_the_cuda_tier_names_tests_that_exist():
+    """The tests stage's CUDA tier (on_gpu.sh's CUDA_TIER) names files and test functions of the suite: a renamed
+    test would leave the tier unseen here, and stop the stage on a GPU machine with pytest's 'not found'."""
+    tier = re.search(r'^CUDA_TIER=\((.*?)^\)', SCRIPT.read_text(), re.MULTILINE | re.DOTALL).group(1).split()
+    assert len(tier) > 20
+    for entry in tier:
+        path, _, name = entry.partition('::')
+        assert (ROOT / path).is_file(), entry
+        assert not name or re.search(rf'^def {name}\(', (ROOT / path).read_text(), re.MULTILINE), entry
 
 
 def stub_wheel(folder, name, module):

@@ -377,6 +377,12 @@ def test_the_label_axis_trains_on_a_prefix_and_holds_out_the_same_labels(tmp_pat
     expected += 2 * sweep.ESTIMATED_SECONDS['reward']  # the seed's two reward models: 8 and 16 labels
     assert s.plan_line(plan).startswith(f'frontier: {len(plan)} runs, 0 finished earlier; the rest about '
                                         f'{expected / 3600:.1f} h (with 2 reward models;')
+    # a PPO run finished in --out (of another point than the plan's): its time stands for PPO's runs
+    other = tmp_path / 'out' / 'seed1' / 'ppo-kl_coef9'
+    other.mkdir(parents=True)
+    (other / sweep.DONE).write_text(json.dumps(dict(identity=dict(arm='ppo', seed=1, value=9), seconds=7200.0)))
+    expected += sum(7200.0 - sweep.ESTIMATED_SECONDS['ppo'] for r in plan if r.arm == 'ppo')
+    assert f'the rest about {expected / 3600:.1f} h' in s.plan_line(plan)
     records = [dict(query=[i], sample0=[i], best=0) for i in range(16 + 8)]
     reward_dir = tmp_path / 'out' / 'seed1' / 'reward'
     reward_dir.mkdir(parents=True)

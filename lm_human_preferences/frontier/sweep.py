@@ -26,6 +26,7 @@ pairs follow it (dpo.objective_pair); ppo_nofilter shows what the filter costs P
 """
 
 import dataclasses
+import glob
 import hashlib
 import json
 import os
@@ -215,12 +216,19 @@ class Sweep:
 
     def plan_line(self, plan):
         """What the sweep will run, before it starts: its runs, those finished earlier, and the time the rest take at
-        each arm's mean time a run in this --out (else ESTIMATED_SECONDS), with the seeds' reward models."""
+        each arm's mean time a run of the runs finished in this --out (else ESTIMATED_SECONDS), with the seeds' reward
+        models."""
         done = {run: read_done(os.path.join(self.seed_dir(run.seed), self.run_name(run))) for run in plan}
-        measured = {}
-        for run, finished in done.items():
-            if finished is not None and 'seconds' in finished:
-                measured.setdefault(run.arm, []).append(finished['seconds'] / self.label_share(run))
+        measured = {}  # every finished run in --out, this plan's or not: seconds a run at the full label count
+        for seed_dir in glob.glob(os.path.join(self.out, 'seed*')):
+            for path in glob.glob(os.path.join(seed_dir, '*', DONE)):
+                with open(path) as f:
+                    finished = json.load(f)
+                identity = finished.get('identity', {})
+                if 'seconds' in finished and identity.get('arm') in ARMS:
+                    share = self.label_share(Planned(identity['arm'], identity['seed'], identity.get('value'),
+                                                     labels=identity.get('labels')))
+                    measured.setdefault(identity['arm'], []).append(finished['seconds'] / share)
         seconds = sum(self.label_share(run) * (sum(measured[run.arm]) / len(measured[run.arm]) if run.arm in measured
                                                else ESTIMATED_SECONDS[run.arm])
                       for run, finished in done.items() if finished is None)

@@ -131,6 +131,7 @@ def count_update(name, *, microbatch_size, bf16, adam, seed=1):
     from lm_human_preferences.language import sample
     from lm_human_preferences.policy import Policy
     from lm_human_preferences.rewards import RewardModelTrainer
+    from lm_human_preferences.training.run import Run
     from lm_human_preferences.utils import core as utils, ranks
 
     try:  # the GPU's path under bf16: attention in bf16, as on CUDA (a CPU runs it in fp32, faster there)
@@ -169,7 +170,7 @@ def count_update(name, *, microbatch_size, bf16, adam, seed=1):
             trainer = train_policy.PPOTrainer(
                 policy=policy, ref_policy=ref_policy, query_sampler=query_sampler,
                 score_fn=train_policy.make_score_fn(hp.task, score_model=ScoreModel(), microbatch_size=microbatch_size),
-                hparams=hp)
+                hparams=hp, run=Run(hp, 'train_policy'))
             if adam == 'foreach':
                 if not hasattr(trainer.optimizer, 'foreach'):
                     raise SystemExit('this AdamTF has no multi-tensor path (--adam foreach): use --adam default')

@@ -110,6 +110,7 @@ def _ppo_trainer(m, shape, bf16, sequences):
     from lm_human_preferences import train_policy
     from lm_human_preferences.policy import Policy
     from lm_human_preferences.rewards import RewardModelTrainer
+    from lm_human_preferences.training.run import Run
     tm = random_trained_model(m)
     dev = device()
     policy = Policy(tm, scope='policy').to(dev)
@@ -127,14 +128,15 @@ def _ppo_trainer(m, shape, bf16, sequences):
     g = torch.Generator().manual_seed(0)
     return train_policy.PPOTrainer(
         policy=policy, ref_policy=ref_policy, score_fn=train_policy.make_score_fn(hp.task, score_model=ScoreModel()),
-        hparams=hp, query_sampler=lambda: dict(tokens=torch.randint(0, m['n_vocab'], (sequences, shape.query_length),
-                                                                   generator=g)))
+        hparams=hp, run=Run(hp, 'train_policy'),
+        query_sampler=lambda: dict(tokens=torch.randint(0, m['n_vocab'], (sequences, shape.query_length), generator=g)))
 
 
 def _reward_trainer(m, shape, bf16, sequences):
     from lm_human_preferences import train_reward
     from lm_human_preferences.policy import Policy
     from lm_human_preferences.rewards import RewardModelTrainer
+    from lm_human_preferences.training.run import Run
     tm = random_trained_model(m)
     dev = device()
     ref_policy = Policy(tm, scope='ref_policy').to(dev).requires_grad_(False)
@@ -146,7 +148,7 @@ def _reward_trainer(m, shape, bf16, sequences):
         'rollout_batch_size': sequences, 'run.log_interval': 10 ** 9, 'run.bf16': bf16})
     g = torch.Generator().manual_seed(0)
     trainer = train_reward.RewardModelTrainer(
-        reward_model=RewardModelTrainer(tm).to(dev), policy=ref_policy, hparams=hp,
+        reward_model=RewardModelTrainer(tm).to(dev), policy=ref_policy, hparams=hp, run=Run(hp, 'train_reward'),
         query_sampler=lambda: dict(tokens=torch.randint(0, m['n_vocab'], (sequences, shape.query_length),
                                                         generator=g).to(dev)))
     trainer.add_to_buffer(dict(

@@ -327,6 +327,7 @@ class OursImpl:
         from lm_human_preferences import train_policy
         from lm_human_preferences.policy import Policy
         from lm_human_preferences.rewards import RewardModelTrainer
+        from lm_human_preferences.training.run import Run
         from lm_human_preferences.utils import passes
         self.passes, self.m, self.w = passes, m, w
         tm = random_trained_model(m)
@@ -353,7 +354,8 @@ class OursImpl:
             self.trainer = train_policy.PPOTrainer(
                 policy=self.policy, ref_policy=self.ref_policy,
                 query_sampler=lambda: {'tokens': self._queries},
-                score_fn=train_policy.make_score_fn(hp.task, score_model=score_model), hparams=hp)
+                score_fn=train_policy.make_score_fn(hp.task, score_model=score_model), hparams=hp,
+                run=Run(hp, 'train_policy'))
 
     def line_sample(self, rollouts, bf16):
         with torch.no_grad(), self.passes.autocast(bf16):

@@ -245,7 +245,7 @@ def minibatch_moments(*, returns, old_values, ranks=1):
 
 
 class PPOTrainer:
-    def __init__(self, *, policy, ref_policy, query_sampler, score_fn, hparams, execution=None, run=None):
+    def __init__(self, *, policy, ref_policy, query_sampler, score_fn, hparams, run, execution=None):
         self.policy = policy
         self.ref_policy = ref_policy
         self.score_fn = score_fn
@@ -276,8 +276,7 @@ class PPOTrainer:
         # TF1's AdamOptimizer(epsilon=1e-5) (see AdamTF); the lr is set before every minibatch.
         self.optimizer = AdamTF(self.policy.parameters(), lr=hparams.ppo.lr, eps=1e-5)
 
-        # Ours: the training/run.Run that logs the stats (None: one that saves nothing).
-        self.run = run if run is not None else Run(hparams, 'train_policy', may_change=RERUN_MAY_CHANGE)
+        self.run = run  # ours: the training/run.Run that logs the stats (train() saves and resumes with it)
         self.progress = None  # ours: the `[ppo_step]` line's total and ETA, from the first step run
         self.rollout_forward = None  # ours, bf16 mode: see forward_for_first_minibatch
         # elapsed/time and elapsed/fps (the original's tf_times): since start and since the last batch.

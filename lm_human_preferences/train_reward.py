@@ -94,9 +94,9 @@ def download_labels(source, label_type, question_schemas, total_labels, *, n_voc
 
 
 class RewardModelTrainer():
-    def __init__(self, *, reward_model, policy, query_sampler, hparams, execution=None, run=None):
-        """policy and query_sampler: None when neither normalization is on. Ours: execution (training/execution.py;
-        None: as hparams.run says); run, the training/run.Run that logs, saves and resumes (None: saves nothing)."""
+    def __init__(self, *, reward_model, policy, query_sampler, hparams, run, execution=None):
+        """policy and query_sampler: None when neither normalization is on. Ours: run, the training/run.Run that logs,
+        saves and resumes; execution (training/execution.py; None: as hparams.run says)."""
         self.reward_model = reward_model
 
         self.policy = policy
@@ -124,7 +124,7 @@ class RewardModelTrainer():
         self.train_buffer = utils.SampleBuffer(capacity=hparams.labels.num_train, schemas=data_schemas)
         self.held_out_labels = None
 
-        self.run = run if run is not None else Run(hparams, 'train_reward', may_change=RERUN_MAY_CHANGE)
+        self.run = run
 
         # The original's utils.minimize: the gradients' mean over ranks, then TF1 Adam, epsilon 1e-5, no clipping.
         self.optimizer = AdamTF(self.reward_model.parameters(), lr=hparams.lr, eps=1e-5)

@@ -14,6 +14,7 @@ from lm_human_preferences import lm_tasks, train_policy
 from lm_human_preferences.language import checkpoints, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.training import state_files
+from lm_human_preferences.training.run import Run
 
 
 @pytest.fixture(autouse=True)
@@ -334,7 +335,7 @@ def fake_trainer(**overrides):
         return score, responses, dict(score=score)
 
     trainer = train_policy.PPOTrainer(policy=FakePolicy(0), ref_policy=FakePolicy(1), query_sampler=query_sampler,
-                                      score_fn=score_fn, hparams=hparams)
+                                      score_fn=score_fn, hparams=hparams, run=Run(hparams, 'train_policy'))
     return trainer, batches
 
 

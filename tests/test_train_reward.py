@@ -16,6 +16,7 @@ import torch
 
 from lm_human_preferences import label_types, rewards, train_reward
 from lm_human_preferences.language import checkpoints, trained_models
+from lm_human_preferences.training.run import Run
 from lm_human_preferences.training.side_by_side import RankGradients
 from lm_human_preferences.utils import core, gcs, passes
 from lm_human_preferences.language import bf16 as bf16_module
@@ -197,7 +198,7 @@ def _trainer(reward_model, **overrides):
     hparams = hparams_for_test()
     hparams.override_from_dict(overrides)
     return train_reward.RewardModelTrainer(reward_model=reward_model, policy=None, query_sampler=None,
-                                           hparams=hparams)
+                                           hparams=hparams, run=Run(hparams, 'train_reward'))
 
 
 def _batches(*values):

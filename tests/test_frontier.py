@@ -147,6 +147,9 @@ def test_table_only_regenerates_from_the_results(tmp_path, capsys):
     assert 'frontier: ppo at 6 nats: +2.25 ± 0.35 (seeds: +2.00, +2.50)' in printed
     assert 'frontier: ppo at 3 nats: +1.25 ± 0.35 (seeds: +1.00, +1.50)' in printed
     assert len((out / 'frontier.jsonl').read_text().splitlines()) == 12 and (tmp_path / 'frontier.png').is_file()
+    # each Markdown links the plot from where it lies: the doc beside it, out's table from out
+    assert '![gain against KL](frontier.png)' in text
+    assert '![gain against KL](../frontier.png)' in (out / 'frontier.md').read_text()
     summary = readme.read_text()
     assert summary.startswith(f'# Readme\n{table.SUMMARY_BEGIN}\n') and summary.endswith(f'{table.SUMMARY_END}\nrest\n')
     assert '+2.25 ± 0.35 (2 seeds)' in summary and '![gain against KL](frontier.png)' in summary and 'old' not in summary

@@ -494,14 +494,16 @@ def write(out, *, arms, kl_budgets, command, figure, doc, readme=None, default_l
         labels_figure = f'{os.path.splitext(figure)[0]}_labels.png'
         plot_labels(rows, labels_figure, kl_budgets[0], title=title, default_labels=default_labels)
 
-    def relative(path):
-        return os.path.relpath(path, os.path.dirname(os.path.abspath(doc))) if doc and path else path
+    def text(where):
+        """The Markdown, its figures linked from the folder `where` (out's frontier.md, or the doc's)."""
+        def relative(path):
+            return os.path.relpath(os.path.abspath(path), os.path.abspath(where)) if path else path
+        return markdown(rows, kl_budgets, command=command, figure=relative(figure),
+                        labels_figure=relative(labels_figure), default_labels=default_labels)
 
-    text = markdown(rows, kl_budgets, command=command, figure=relative(figure), labels_figure=relative(labels_figure),
-                    default_labels=default_labels)
-    files.atomic_write(os.path.join(out, 'frontier.md'), text.encode())
+    files.atomic_write(os.path.join(out, 'frontier.md'), text(out).encode())
     if doc:
-        replace_section(doc, text)
+        replace_section(doc, text(os.path.dirname(os.path.abspath(doc))))
     if readme and os.path.isfile(readme) and SUMMARY_BEGIN in open(readme).read():
         figure_there = os.path.relpath(figure, os.path.dirname(os.path.abspath(readme)))
         first = kl_budgets[0]

@@ -522,7 +522,13 @@ def runs_on():
     model = ''
     if utils.get_device().type == 'cpu' and os.path.isfile('/proc/cpuinfo'):
         with open('/proc/cpuinfo') as f:
-            model = next((line.split(':', 1)[1].strip() for line in f if line.startswith('model name')), '')
+            info = f.read()
+        name = next((line.split(':', 1)[1].strip() for line in info.splitlines() if line.startswith('model name')), '')
+        flags = set(next((line.split(':', 1)[1].split() for line in info.splitlines() if line.startswith('flags')), []))
+        # a virtual machine's name may not say the family ('Intel(R) Xeon(R) Processor'): its widest products do
+        kind = ('AMX' if 'amx_bf16' in flags else 'AVX512-BF16' if 'avx512_bf16' in flags else
+                'AVX512' if 'avx512f' in flags else 'AVX2' if 'avx2' in flags else '')
+        model = ', '.join(part for part in (name, kind and f'{kind} in its flags') if part)
     return cpu.describe(utils.get_device()) + (f' on {model}' if model else '')
 
 

@@ -541,6 +541,9 @@ def train(hparams: HParams, callbacks=()):
     """Ours: rerun with the same hparams and save dir, it resumes from the last training states there. In order: the
     checks, the save dir, the reward model, the execution, the models, the data, the trainer, the loop. callbacks:
     what a caller adds to the loop (training/callbacks.py; the online loop, online/loop.py)."""
+    if hparams.online.retrains and not callbacks:  # ours: else the run would go on without its rounds
+        raise ValueError(f'online.retrains {hparams.online.retrains}: the online loop runs them as its callback '
+                         f'(online/loop.train, which launch.py runs), not train_policy.train alone')
     # At launch already (validate, the rank checks); here for callers of train(), before any work.
     run_checks.check_reward_task(hparams)
     run_checks.check_policy_ranks(hparams, ranks.get_world_size())

@@ -319,3 +319,14 @@ def test_exit_codes_of_a_real_process(argv, start, tmp_path):
                           capture_output=True, text=True, env=env(), timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith(start)
     assert not list(tmp_path.iterdir())
+
+
+def test_train_policy_alone_refuses_the_online_loops_rounds():
+    """online.retrains is the online loop's to run (a callback on train_policy's loop, added by online/loop.train):
+    train_policy.train without it refuses before any work, rather than train without the rounds."""
+    from lm_human_preferences import train_policy
+    hparams = train_policy.HParams()
+    hparams.online.retrains = 2
+    with pytest.raises(ValueError, match=r'^online.retrains 2: the online loop runs them as its callback '
+                                         r'\(online/loop.train, which launch.py runs\), not train_policy.train alone$'):
+        train_policy.train(hparams)

@@ -17,9 +17,11 @@ import pytest
 import torch
 
 from lm_human_preferences import label_types, lm_tasks, train_reward
-from lm_human_preferences.labeling import export, questions, session_stats, store as store_module
+from lm_human_preferences.labeling import export, questions, schedule as schedule_module, session_stats
+from lm_human_preferences.labeling import store as store_module
 from lm_human_preferences.labeling.server import LabelServer
-from lm_human_preferences.labeling.store import LabelStore, LabelingError
+from lm_human_preferences.labeling.errors import LabelingError
+from lm_human_preferences.labeling.store import LabelStore
 from lm_human_preferences.language import encodings, trained_models
 from lm_human_preferences.policy import Policy
 from lm_human_preferences.utils import ranks
@@ -67,7 +69,7 @@ def test_answers_are_the_originals_label_records_read_by_train_reward(tmp_path):
     store = new_store(tmp_path, 6)
     given = []
     for _ in range(6):
-        question, order = store.next_for('ann')
+        question, order = store.schedule.next_for('ann')
         store.answer('ann', question['id'], 2)  # the third response shown
         given.append((question, order[2]))
     records = labels_file(store)
@@ -86,8 +88,8 @@ def test_shown_order_is_a_recorded_shuffle_the_same_on_every_showing(tmp_path):
     store = new_store(tmp_path, 30)
     orders = {tuple(store.shown_order(q, 'ann')) for q in store.order}
     assert len(orders) > 5 and all(sorted(o) == [0, 1, 2, 3] for o in orders)  # shuffled, a permutation each
-    question, order = store.next_for('ann')
-    assert store.next_for('ann') == (question, order)  # a reload shows the same question in the same order
+    question, order = store.schedule.next_for('ann')
+    assert store.schedule.next_for('ann') == (question, order)  # a reload shows the same question in the same order
     event = store.answer('ann', question['id'], 0)
     assert event['order'] == order and event['label'] == {'best': order[0]} and event['seconds'] is not None
     with open(os.path.join(store.directory, 'answers.jsonl')) as f:
@@ -98,7 +100,7 @@ def test_shown_order_is_a_recorded_shuffle_the_same_on_every_showing(tmp_path):
 def test_a_labeler_is_never_asked_a_question_twice(tmp_path):
     store = new_store(tmp_path, 8)
     seen = []
-    while (found := store.next_for('ann')) is not None:
+    while (found := store.schedule.next_for('ann')) is not None:
         question = found[0]
         seen.append(question['id'])
         if len(seen) % 3 == 0:
@@ -112,7 +114,7 @@ def test_a_labeler_is_never_asked_a_question_twice(tmp_path):
     # What ann skipped is open to another labeler; what she answered is not.
     skipped = [q for q in seen if store.done_by['ann'][q] == 'skip']
     bob = []
-    while (found := store.next_for('bob')) is not None:
+    while (found := store.schedule.next_for('bob')) is not None:
         bob.append(found[0]['id'])
         store.answer('bob', found[0]['id'], 0)
     assert sorted(bob) == sorted(skipped)
@@ -120,22 +122,22 @@ def test_a_labeler_is_never_asked_a_question_twice(tmp_path):
 
 def test_two_labelers_are_not_shown_the_same_question_at_once(tmp_path):
     store = new_store(tmp_path, 4)
-    a, _ = store.next_for('ann', now=100.0)
-    b, _ = store.next_for('bob', now=101.0)
+    a, _ = store.schedule.next_for('ann', now=100.0)
+    b, _ = store.schedule.next_for('bob', now=101.0)
     assert a['id'] != b['id']
     # A lease runs out: an abandoned question goes to someone else.
-    c, _ = store.next_for('cid', now=100.0 + store_module.LEASE_S + 1)
+    c, _ = store.schedule.next_for('cid', now=100.0 + schedule_module.LEASE_S + 1)
     assert c['id'] == a['id']
 
 
 def test_questions_asked_twice_give_agreement(tmp_path):
     store = new_store(tmp_path, 20, overlap=0.25)
     assert sum(store.questions[q]['overlap'] for q in store.order) == 5  # exactly the share, spread evenly
-    while (found := store.next_for('ann')) is not None:
+    while (found := store.schedule.next_for('ann')) is not None:
         store.answer('ann', found[0]['id'], found[1].index(0))  # ann always picks sample 0
     # bob is offered the questions ann answered that are asked twice first.
     bob = []
-    while (found := store.next_for('bob')) is not None:
+    while (found := store.schedule.next_for('bob')) is not None:
         bob.append(found[0]['id'])
         question, order = found
         store.answer('bob', question['id'], order.index(0 if len(bob) <= 3 else 1))
@@ -147,12 +149,12 @@ def test_questions_asked_twice_give_agreement(tmp_path):
 
 def test_undo_takes_back_the_last_answer_or_skip(tmp_path):
     store = new_store(tmp_path, 5)
-    first, order = store.next_for('ann')
+    first, order = store.schedule.next_for('ann')
     store.answer('ann', first['id'], 0)
-    second, _ = store.next_for('ann')
+    second, _ = store.schedule.next_for('ann')
     store.skip('ann', second['id'])
     assert store.undo('ann') == second['id']  # the skip
-    assert store.next_for('ann')[0]['id'] == second['id']  # shown again, next
+    assert store.schedule.next_for('ann')[0]['id'] == second['id']  # shown again, next
     assert store.undo('ann') == first['id']  # then the answer
     assert labels_file(store) == []
     assert session_stats.progress(store, 'ann') == dict(done=0, target=5, mine=0, skipped=0)
@@ -170,7 +172,7 @@ def test_undo_takes_back_the_last_answer_or_skip(tmp_path):
 def test_a_kill_loses_at_most_the_event_being_written(tmp_path):
     store = new_store(tmp_path, 6)
     for _ in range(3):
-        question, _ = store.next_for('ann')
+        question, _ = store.schedule.next_for('ann')
         store.answer('ann', question['id'], 1)
     store.close_files()
     directory = store.directory
@@ -184,7 +186,7 @@ def test_a_kill_loses_at_most_the_event_being_written(tmp_path):
     reopened = LabelStore(directory)
     assert len(reopened.order) == 6 and reopened.batches == 1  # the partial batch is gone
     assert session_stats.progress(reopened, 'ann')['done'] == 3 and len(labels_file(reopened)) == 3
-    question, _ = reopened.next_for('ann')
+    question, _ = reopened.schedule.next_for('ann')
     assert question['id'] not in reopened.done_by['ann']  # never one she answered
     reopened.answer('ann', question['id'], 0)  # the next append starts a line of its own
     reopened.close_files()
@@ -197,7 +199,7 @@ def test_a_damaged_question_file_is_named_never_emptied_and_restored_from_its_ba
     the batch made again (the same) is written back, and every answer stays."""
     store = new_store(tmp_path, 6)
     for _ in range(3):
-        question, _ = store.next_for('ann')
+        question, _ = store.schedule.next_for('ann')
         store.answer('ann', question['id'], 1)
     store.close_files()
     path = tmp_path / 'session' / 'questions.jsonl'
@@ -223,7 +225,7 @@ def test_a_damaged_question_file_is_named_never_emptied_and_restored_from_its_ba
 
 def test_scalar_labels_on_their_scales(tmp_path):
     rating = new_store(tmp_path / 'r', 2, label_type='scalar_rating')
-    q, order = rating.next_for('ann')
+    q, order = rating.schedule.next_for('ann')
     assert order == [0]
     with pytest.raises(LabelingError, match='from 1 to 7'):
         rating.answer('ann', q['id'], 9)
@@ -231,7 +233,7 @@ def test_scalar_labels_on_their_scales(tmp_path):
     assert labels_file(rating)[0]['score'] == 6.0 and 'sample' in labels_file(rating)[0]
     compare = new_store(tmp_path / 'c', 40, label_type='scalar_compare')
     for _ in range(40):
-        q, order = compare.next_for('ann')
+        q, order = compare.schedule.next_for('ann')
         compare.answer('ann', q['id'], 2)  # "the second shown is better, by 2"
         # the difference is sample1's minus sample0's: +2 when sample1 was shown second, -2 when first
         assert compare.events[-1]['label']['difference'] == (2.0 if order == [0, 1] else -2.0)
@@ -243,7 +245,7 @@ def test_scalar_labels_on_their_scales(tmp_path):
 def test_policy_wins_counts_picks_of_pi(tmp_path):
     store = new_store(tmp_path, 4, pi=True)
     for best in (2, 3, 0, 3):
-        q, order = store.next_for('ann')
+        q, order = store.schedule.next_for('ann')
         store.answer('ann', q['id'], order.index(best))
     assert session_stats.policy_wins(store) == dict(wins=0.75, answers=4)
 
@@ -418,7 +420,7 @@ def test_a_name_pointed_here_reads_nothing(api):
         got, reply = api.raw('GET', path, headers={'Host': f'rebound.example:{api.port}'})
         assert got == 403 and 'Host' in reply['error']
     assert api.raw('GET', '/', headers={'Host': f'localhost:{api.port}'})[0] == 200
-    assert not store.leases  # no question was shown
+    assert not store.schedule.leases  # no question was shown
 
 
 @pytest.mark.parametrize('key', ['k1', 'wrong', None])
@@ -644,11 +646,11 @@ def test_export_gives_trls_preference_pairs(tmp_path):
     import datasets
     store = new_store(tmp_path, 3)
     for best in (0, 3, 1):
-        q, order = store.next_for('ann')
+        q, order = store.schedule.next_for('ann')
         store.answer('ann', q['id'], order.index(best))
     compare = new_store(tmp_path / 'c', 3, label_type='scalar_compare')
     for choice in (0, 3, -1):
-        q, _ = compare.next_for('ann')
+        q, _ = compare.schedule.next_for('ann')
         compare.answer('ann', q['id'], choice)
     store.close_files(), compare.close_files()
     assert export.export_labels(store.directory, str(tmp_path / 'hf')) == 9  # three pairs a best-of-4 label

@@ -165,8 +165,8 @@ def _serve(store, server, *, task, label_type, seed, initial_model, run_dir, val
 def _announce(store, server, task, run_dir, validation):
     origin = ('the initial model' if run_dir is None else
               f'the initial model and the policy of {run_dir} (two each)' if validation else f'the policy of {run_dir}')
-    print(f'label: {store.target} {store.label_type} labels of {task.query_dataset} queries, responses of {origin}, '
-          f'saved in {store.directory} as they are given')
+    print(f'label: {store.schedule.target} {store.label_type} labels of {task.query_dataset} queries, responses of '
+          f'{origin}, saved in {store.directory} as they are given')
     print(f'  asks: {store.session["instruction"]}')
     if store.session['labelers'] is None:
         print(f'  open {server.link()} in a browser (each labeler gives a name; ?labeler=NAME in the link)')
@@ -189,8 +189,8 @@ def _wait(store, server, question_batch, poll_s=0.5):
     """Until the labels wanted are given: a line each time the count changes (at most every 5 s), the next batch
     of questions made ahead when fewer than half a batch are open."""
     last, printed = None, 0.0
-    while not store.complete():
-        if store.unasked() < question_batch // 2:
+    while not store.schedule.complete():
+        if store.schedule.unasked() < question_batch // 2:
             with server.making:
                 server.more_questions(store)
         done = session_stats.progress(store)['done']

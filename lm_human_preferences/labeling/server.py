@@ -42,8 +42,8 @@ from werkzeug.serving import WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
 from lm_human_preferences.labeling import session_stats
-from lm_human_preferences.labeling.store import (COMPARE_SCALE, RATING_SCALE, BadAnswer, LabelingError, NotNow,
-                                                 UnknownQuestion, WrongLabeler)
+from lm_human_preferences.labeling.errors import BadAnswer, LabelingError, NotNow, UnknownQuestion, WrongLabeler
+from lm_human_preferences.labeling.store import COMPARE_SCALE, RATING_SCALE
 from lm_human_preferences.language import encodings
 
 PAGE_DIR = Path(__file__).with_name('page')
@@ -317,15 +317,15 @@ class LabelServer:
         if store is None:
             return _json(dict(state='waiting', message=self.waiting))
         labeler = self._labeler(store, request.args)
-        found = store.next_for(labeler)
-        if found is None and not store.complete() and self.more_questions is not None:
+        found = store.schedule.next_for(labeler)
+        if found is None and not store.schedule.complete() and self.more_questions is not None:
             with self.making:
-                found = store.next_for(labeler)
+                found = store.schedule.next_for(labeler)
                 if found is None and self.more_questions(store):
-                    found = store.next_for(labeler)
+                    found = store.schedule.next_for(labeler)
         info = self._session_info(store, labeler)
         if found is None:
-            if store.complete() or store.closed:
+            if store.schedule.complete() or store.closed:
                 return _json(dict(info, state='done', message='All the labels wanted are given. Thank you!'))
             if self.more_questions is None and not store.order:
                 return _json(dict(info, state='empty', message='The first questions are being made (the model is '
@@ -366,7 +366,7 @@ class LabelServer:
                 raise WrongLabeler('off this machine the status is for the session\'s named labelers: '
                                    '?labeler=NAME&key=KEY of your link')
             self._labeler(store, request.args)
-        return _json(dict(state='done' if store.complete() else 'open', progress=session_stats.progress(store),
+        return _json(dict(state='done' if store.schedule.complete() else 'open', progress=session_stats.progress(store),
                           agreement=session_stats.agreement(store), pi_beats_rho=session_stats.policy_wins(store),
                           labelers=session_stats.per_labeler(store),
                           session=os.path.basename(os.path.normpath(store.directory))))

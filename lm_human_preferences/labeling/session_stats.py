@@ -8,7 +8,7 @@ def progress(store, labeler=None):
     """{done: labels given, target, mine: the labeler's answers, skipped: theirs}."""
     with store.lock:
         mine = store.done_by.get(labeler, {}).values()
-        return dict(done=len(store.events), target=store.target, mine=sum(1 for v in mine if v == 'answer'),
+        return dict(done=len(store.events), target=store.schedule.target, mine=sum(1 for v in mine if v == 'answer'),
                     skipped=sum(1 for v in mine if v == 'skip'))
 
 

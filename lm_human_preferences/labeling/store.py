@@ -16,12 +16,7 @@ answers.jsonl is the truth: labels.json is written from it (atomically) after ev
 opens. A kill -9 loses at most the event being written (a torn last line is dropped when the store opens) and
 a batch of questions being appended (no question of it was shown: the batch is made again, the same).
 
-Who is asked what (`next_for`): a labeler never gets a question they answered or skipped. A question wants one
-answer, or two from different labelers when it is one of the share asked twice (`overlap`, for agreement); a
-labeler is first offered such a question that someone else has answered. A question shown to a labeler is
-theirs (a lease) until they answer, skip or take LEASE_S seconds, so that two people are not asked the same
-question at once; a reload shows them the same question in the same order. A labeler answers or skips only the
-question shown to them.
+Who is asked what: its schedule (labeling/schedule.py, `store.schedule`); its statistics: labeling/session_stats.py.
 """
 
 import hashlib
@@ -35,39 +30,19 @@ import threading
 import time
 
 from lm_human_preferences import label_types
+from lm_human_preferences.labeling.errors import BadAnswer, LabelingError, NotNow, UnknownQuestion, WrongLabeler
+from lm_human_preferences.labeling.schedule import Schedule
 from lm_human_preferences.utils import files
 
 SESSION_FILE = 'session.json'
 QUESTIONS_FILE = 'questions.jsonl'
 ANSWERS_FILE = 'answers.jsonl'
 LABELS_FILE = 'labels.json'
-LEASE_S = 600  # how long a question shown to a labeler stays theirs
 LABELER_NAME = re.compile(r'[A-Za-z0-9_.-]{1,40}')
 # The scales a person answers on: scalar_rating's score (1 worst .. 7 best) and scalar_compare's difference
 # (sample1's reward minus sample0's, as label_types.ScalarComparison reads it: -3 .. 3).
 RATING_SCALE = (1, 7)
 COMPARE_SCALE = (-3, 3)
-
-
-class LabelingError(ValueError):
-    """A request the store refuses, changing nothing (the server answers each kind with its HTTP status)."""
-
-
-class BadAnswer(LabelingError):
-    """A value the session cannot take: a choice off the scale, a malformed labeler name or question id."""
-
-
-class WrongLabeler(LabelingError):
-    """A labeler not named in the session, or a wrong secret."""
-
-
-class UnknownQuestion(LabelingError):
-    """No question of the session has this id."""
-
-
-class NotNow(LabelingError):
-    """A request the session's state refuses: a second answer, a question not shown to this labeler, a closed
-    session, nothing to undo."""
 
 
 def check_labeler_name(name):
@@ -180,7 +155,7 @@ class LabelStore:
         self.history = {}  # labeler -> [their answer and skip events not undone, in order]
         self.events = []  # every answer event not undone, in order: the labels
         self.closed = False
-        self.leases = {}  # labeler -> (question id, time shown)
+        self.schedule = Schedule(self)  # who is asked what: the leases, the next question of each labeler
         self.writable = writable
         questions_path, answers_path = (os.path.join(directory, name) for name in (QUESTIONS_FILE, ANSWERS_FILE))
         questions, questions_torn = _read_lines(questions_path)
@@ -319,33 +294,9 @@ class LabelStore:
         random.Random(digest).shuffle(order)
         return order
 
-    # -------------------------------------------------------------------------------------------------
-    # Who is asked what
-
-    def wanted(self, question_id):
-        """The answers a question wants: 2 for the share asked twice, else 1."""
-        return 2 if self.questions[question_id]['overlap'] else 1
-
-    @property
-    def target(self):
-        """The labels wanted: the session's target, or (None) every answer its questions want."""
-        target = self.session['target']
-        return sum(self.wanted(q) for q in self.order) if target is None else target
-
     def set_target(self, target):
         with self.lock:
             self.session['target'] = target
-
-    def unasked(self, now=None):
-        """Questions nobody has answered or is being shown (the queue ahead)."""
-        now = time.time() if now is None else now
-        with self.lock:
-            leased = {q for q, shown in self.leases.values() if now - shown < LEASE_S}
-            return sum(1 for q in self.order if q not in self.answers and q not in leased)
-
-    def complete(self):
-        """Whether the labels wanted are all given."""
-        return len(self.events) >= self.target
 
     def check_labeler(self, labeler, key=None):
         """The labeler's name if they may label (named in the session with this secret, or any name in an open
@@ -358,37 +309,6 @@ class LabelStore:
                 raise WrongLabeler(f'labeler {labeler!r} is not named in this session or its key is wrong: use '
                                    f'the link printed for you')
         return labeler
-
-    def _available(self, question_id, labeler, now):
-        if question_id in self.done_by.get(labeler, {}):
-            return False
-        answers = self.answers.get(question_id, [])
-        leased = sum(1 for other, (q, shown) in self.leases.items()
-                     if other != labeler and q == question_id and now - shown < LEASE_S)
-        return len(answers) + leased < self.wanted(question_id)
-
-    def next_for(self, labeler, now=None):
-        """The question to show the labeler next, with the order of its responses: (question, order), or None
-        when nothing is left for them (the session complete, closed, or every open question theirs already or
-        someone else's)."""
-        now = time.time() if now is None else now
-        with self.lock:
-            if self.closed or self.complete():
-                return None
-            lease = self.leases.get(labeler)
-            if lease is not None and lease[0] not in self.done_by.get(labeler, {}) and \
-                    len(self.answers.get(lease[0], [])) < self.wanted(lease[0]):
-                question_id = lease[0]
-            else:
-                # Second answers first (agreement), then questions nobody answered, in the order added.
-                seconds = [q for q in self.answers if self.wanted(q) == 2 and self._available(q, labeler, now)]
-                fresh = (q for q in self.order if q not in self.answers and self._available(q, labeler, now))
-                question_id = seconds[0] if seconds else next(fresh, None)
-                if question_id is None:
-                    self.leases.pop(labeler, None)
-                    return None
-                self.leases[labeler] = (question_id, now)
-            return self.questions[question_id], self.shown_order(question_id, labeler)
 
     # -------------------------------------------------------------------------------------------------
     # Answers
@@ -404,18 +324,9 @@ class LabelStore:
         if done is not None:
             raise NotNow(f'question {question_id} was {"answered" if done == "answer" else "skipped"} by '
                          f'{labeler} already')
-        if len(self.answers.get(question_id, [])) >= self.wanted(question_id):
+        if len(self.answers.get(question_id, [])) >= self.schedule.wanted(question_id):
             raise NotNow(f'question {question_id} has all the answers it wants (another labeler answered it)')
         return self.questions[question_id]
-
-    def _leased(self, labeler, question_id):
-        """When the question was shown to the labeler, who may answer or skip only the question shown to them
-        (a question leased to another, or never shown, is not theirs to answer)."""
-        lease = self.leases.get(labeler)
-        if lease is None or lease[0] != question_id:
-            raise NotNow(f'question {question_id} is not the one shown to {labeler}: answer the question the page '
-                         f'shows (GET /api/next)')
-        return lease[1]
 
     def label_of(self, choice, order):
         """The label (the original's field and value) of a person's choice on the page, given the order the
@@ -452,12 +363,12 @@ class LabelStore:
             self._question_for(labeler, question_id)
             order = self.shown_order(question_id, labeler)
             label = self.label_of(choice, order)
-            shown = self._leased(labeler, question_id)
+            shown = self.schedule.shown_at(labeler, question_id)
             event = dict(event='answer', question=question_id, labeler=labeler, label={self.label_key: label},
                          choice=choice, order=order, shown_at=shown, answered_at=now,
                          seconds=round(now - shown, 3), client_seconds=client_seconds)
             self._log(event)
-            self.leases.pop(labeler, None)
+            self.schedule.release(labeler)
             return event
 
     def answer_many(self, labeler, labels, *, now=None):
@@ -482,10 +393,10 @@ class LabelStore:
         now = time.time() if now is None else now
         with self.lock:
             self._question_for(labeler, question_id)
-            shown = self._leased(labeler, question_id)
+            shown = self.schedule.shown_at(labeler, question_id)
             self._log(dict(event='skip', question=question_id, labeler=labeler, order=self.shown_order(
                 question_id, labeler), shown_at=shown, answered_at=now, seconds=round(now - shown, 3)))
-            self.leases.pop(labeler, None)
+            self.schedule.release(labeler)
 
     def undo(self, labeler, *, now=None):
         """Take back the labeler's last answer or skip (not one already undone): its question is theirs again,
@@ -499,7 +410,7 @@ class LabelStore:
                 raise NotNow(f'{labeler} has no answer or skip to undo')
             question_id = history[-1]['question']
             self._log(dict(event='undo', question=question_id, labeler=labeler, at=now))
-            self.leases[labeler] = (question_id, now)
+            self.schedule.give(labeler, question_id, now)
             return question_id
 
     def close(self):

@@ -240,7 +240,7 @@ class OnlineLoop:
         if ranks.is_root():
             store = self._session(k, sources)
             validation = sum(1 for q in store.order if 'pi_samples' in store.questions[q])
-            print(f'online round {k}/{len(self.steps)} at PPO batch {self.steps[k - 1]}: {store.target} labels of '
+            print(f'online round {k}/{len(self.steps)} at PPO batch {self.steps[k - 1]}: {store.schedule.target} labels of '
                   f'{len(store.order)} questions of the policy ({validation} in the validation form) from '
                   + ('people' if self.people else f'the {self.online.labeler} labeler'), flush=True)
             if self.people:
@@ -310,7 +310,7 @@ class OnlineLoop:
         self.server.more_questions = more_questions
         printed = 0.0
         try:
-            while not store.complete():
+            while not store.schedule.complete():
                 if time.time() - printed >= PRINT_EVERY_S:
                     p = session_stats.progress(store)
                     print(f'[online round {k}/{len(self.steps)}: PPO waits for {p["target"] - p["done"]} more labels '

@@ -23,8 +23,16 @@ def _plain(h, w, uniform, beta):
     return samples, has_finite, torch.log_softmax(logits, dim=-1)
 
 
+@pytest.fixture
+def fp32_products(monkeypatch):
+    """The sampler's products in fp32, as the plain sampler's: where the CPU multiplies bf16 natively they run at
+    'medium' (on AMX oneDNN rounds their inputs to bf16: other logits than the plain sampler's fp32 ones), which
+    test_products_at_the_fast_fp32_precision holds against the plain sampler at that precision."""
+    monkeypatch.setenv('LMHP_CPU_BF16', 'off')
+
+
 @pytest.mark.parametrize('n_vocab', [1000, 50257])
-def test_fp32_products_draw_the_plain_samplers_tokens(n_vocab):
+def test_fp32_products_draw_the_plain_samplers_tokens(n_vocab, fp32_products):
     """With fp32 products and the same uniforms, the plain sampler's tokens (to the rescaled exps' rounding: a
     draw within ~1e-7 of a boundary may fall on the neighbour, which 512 random rows do not hit), and its
     logprobs to float rounding."""
@@ -37,7 +45,7 @@ def test_fp32_products_draw_the_plain_samplers_tokens(n_vocab):
     torch.testing.assert_close(logprobs, log_softmax.gather(1, samples[:, None])[:, 0], atol=3e-5, rtol=1e-5)
 
 
-def test_every_chunk_and_block_boundary(small_chunks):
+def test_every_chunk_and_block_boundary(small_chunks, fp32_products):
     """Uniforms on a fine grid over one row: every token of the plain sampler's choice, across chunk and block
     boundaries and the partial last chunk and block (1,000 = 3 x 256 + 232 = ... x 32 + 8)."""
     g = torch.Generator().manual_seed(1)

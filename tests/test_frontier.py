@@ -358,9 +358,10 @@ def test_ppos_score_is_what_best_of_n_picks_by():
 
 
 def toy_sweep(tmp_path, **options):
-    """A Sweep of the toy demo whose commands are never called (what it plans, names and checks)."""
-    return sweep.Sweep(demo.EXPERIMENT, str(tmp_path / 'out'), arms=['ppo', 'best_of_n', 'dpo'], seeds=[1],
-                       points=sweep.parse_points(None, ['ppo', 'best_of_n', 'dpo']), train_policy=None,
+    """A Sweep of the toy demo whose commands are never called (what it plans, names and checks); no dpo arm, which
+    needs TRL (the `baselines` extra) installed."""
+    return sweep.Sweep(demo.EXPERIMENT, str(tmp_path / 'out'), arms=['ppo', 'best_of_n'], seeds=[1],
+                       points=sweep.parse_points(None, ['ppo', 'best_of_n']), train_policy=None,
                        train_reward=None, bound={'rewards.train_new_model.labels.num_train': 16,
                                                  'rewards.train_new_model.batch_size': 8, 'ppo.lr': 1e-4},
                        extra={}, best_of_n_queries=4, dpo_options={}, **options)
@@ -374,12 +375,15 @@ def test_the_label_axis_trains_on_a_prefix_and_holds_out_the_same_labels(tmp_pat
     names = [s.run_name(run) for run in s.runs()]
     assert 'ppo-kl_coef0.3-labels8' in names and 'ppo-kl_coef0.3' in names and 'best_of_n-labels8' in names
     assert names.index('ppo-kl_coef0.3-labels8') < names.index('ppo-kl_coef0.3')  # the fewest labels first
-    # stated before it starts: the runs, and their time at the arms' estimates (DPO's by its share of the labels)
+    # stated before it starts: the runs, and their time at the arms' estimates
     plan = s.runs()
-    expected = sum(sweep.ESTIMATED_SECONDS[r.arm] * (0.5 if r.arm == 'dpo' and r.labels == 8 else 1) for r in plan)
+    expected = sum(sweep.ESTIMATED_SECONDS[r.arm] for r in plan)
     expected += 2 * sweep.ESTIMATED_SECONDS['reward']  # the seed's two reward models: 8 and 16 labels
     assert s.plan_line(plan).startswith(f'frontier: {len(plan)} runs, 0 finished earlier; the rest about '
                                         f'{expected / 3600:.1f} h (with 2 reward models;')
+    # DPO's time is its pairs': on 8 of 16 labels, half a run's
+    assert s.label_share(sweep.Planned('dpo', 1, 0.4, labels=8)) == 0.5
+    assert s.label_share(sweep.Planned('ppo', 1, 0.2, labels=8)) == 1.0
     # a PPO run finished in --out (of another point than the plan's): its time stands for PPO's runs
     other = tmp_path / 'out' / 'seed1' / 'ppo-kl_coef9'
     other.mkdir(parents=True)

@@ -227,7 +227,7 @@ def summary(rows, budget):
     (docs/frontier.md and the README show this)."""
     budgets, first = budget_table(rows, budget), {key: mine[0] for key, mine in curves(rows).items()}
     seeds = sorted({r['seed'] for r in rows})
-    lines = [f'| arm (knob) | ' + ' | '.join(f'seed {s}' for s in seeds) + ' | mean ± sd | RM on its own samples |',
+    lines = ['| arm (knob) | ' + ' | '.join(f'seed {s}' for s in seeds) + ' | mean ± sd | RM on its own samples |',
              '|---|' + '---|' * (len(seeds) + 2)]
     for key, entry in budgets.items():
         cells = _seed_cells(entry['seeds'], seeds, entry['wide'])

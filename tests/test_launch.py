@@ -455,6 +455,14 @@ def test_raising_worker_ends_launch(capsys, gloo, kind):
         assert err == 'error: boom from process 1\n'
 
 
+def test_a_report_a_killed_worker_was_writing_is_left_out(tmp_path):
+    """The launcher kills the other workers when one fails, maybe while one writes its own report: the first
+    failure's report is read, the partial one left out (it once failed to parse and was reported as the error)."""
+    (tmp_path / 'error-1').write_text(json.dumps(dict(time=1.0, input=True, message='boom from process 1')))
+    (tmp_path / 'error-0.partial').write_text('{"time": 2.0, "inp')  # killed mid-write
+    assert workers.error_reports(str(tmp_path)) == [dict(time=1.0, input=True, message='boom from process 1')]
+
+
 def _group_check(out_path):
     with open(out_path, 'w') as f:
         json.dump([dist.is_initialized(), dist.get_world_size(), ranks.get_world_size(), list(ranks.local_ranks())], f)

@@ -158,8 +158,12 @@ def _worker(local_rank, world_size, port, f, mpi, error_dir):
         # collective (connection closed), and only the first one says why.
         report = dict(time=time.time(), input=isinstance(e, (ConfigError,) + INPUT_ERRORS),
                       message=str(e) if isinstance(e, (ConfigError,) + INPUT_ERRORS) else traceback.format_exc())
-        with open(os.path.join(error_dir, f'error-{local_rank}'), 'w') as out:
+        # Whole or not at all: the launcher kills the other workers as soon as one fails, maybe mid-write, and a
+        # half-written report read as JSON was reported as the error (under load: 'Expecting value: line 1 ...').
+        path = os.path.join(error_dir, f'error-{local_rank}')
+        with open(path + _PARTIAL, 'w') as out:
             json.dump(report, out)
+        os.replace(path + _PARTIAL, path)
         exit_without_finalizing(_ERROR_EXIT)
     exit_without_finalizing(0)
 
@@ -209,15 +213,25 @@ def spawn(f, mpi, procs):
         if code in _STOPPED_EXITS:  # the worker carrying rank 0 said where it stopped
             raise stopping.Stopped(_STOPPED_EXITS[code], reported=True)
         if code:
-            reports = []
-            for name in os.listdir(error_dir):
-                with open(os.path.join(error_dir, name)) as report:
-                    reports.append(json.load(report))
+            reports = error_reports(error_dir)
             if not reports:
                 raise WorkerFailed(f'a worker process ended with exit code {code}' if code > 0 else
                                    f'a worker process was killed by {signal.Signals(-code).name}')
             first = min(reports, key=lambda r: r['time'])
             raise (WorkerInputError if first['input'] else WorkerFailed)(first['message'])
+
+
+_PARTIAL = '.partial'  # a report being written (a worker killed while writing it leaves one)
+
+
+def error_reports(error_dir):
+    """The whole error reports the workers wrote into error_dir (a killed writer's partial one left out)."""
+    reports = []
+    for name in sorted(os.listdir(error_dir)):
+        if not name.endswith(_PARTIAL):
+            with open(os.path.join(error_dir, name)) as report:
+                reports.append(json.load(report))
+    return reports
 
 
 _STOP_GRACE_S = 60  # how long workers may take to stop after the first stopped on a signal

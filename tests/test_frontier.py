@@ -154,6 +154,7 @@ def test_table_only_regenerates_from_the_results(tmp_path, capsys):
     assert summary.startswith(f'# Readme\n{table.SUMMARY_BEGIN}\n') and summary.endswith(f'{table.SUMMARY_END}\nrest\n')
     assert '+2.25 ± 0.35 (2 seeds)' in summary and '![gain against KL](frontier.png)' in summary and 'old' not in summary
     assert '+1.25 ± 0.35' not in summary  # the README: the first budget only
+    assert 'Against offline PPO' not in summary and 'Against offline PPO' in text  # its paired table: the doc's
     readme.write_text('# A README without the markers\n')
     frontier(tmp_path, arms='ppo', seeds='1,2', table_only=True, readme=str(readme))
     assert readme.read_text() == '# A README without the markers\n'

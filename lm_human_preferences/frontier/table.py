@@ -221,10 +221,10 @@ def _mean_cell(entry):
     return _mean(entry) + ('' if entry['mean'] is None else f" ({entry['n']} seed{'s' if entry['n'] != 1 else ''})")
 
 
-def summary(rows, budget):
+def summary(rows, budget, *, paired=True):
     """The findings at the budget, in Markdown: each curve's gain per seed and its mean ± sd, the reward model's
-    accuracy on the arm's own samples, and each curve against offline PPO's of the same label count paired by seed
-    (docs/frontier.md and the README show this)."""
+    accuracy on the arm's own samples, and (paired) each curve against offline PPO's of the same label count paired
+    by seed (docs/frontier.md shows all; the README the first table)."""
     budgets, first = budget_table(rows, budget), {key: mine[0] for key, mine in curves(rows).items()}
     seeds = sorted({r['seed'] for r in rows})
     lines = ['| arm (knob) | ' + ' | '.join(f'seed {s}' for s in seeds) + ' | mean ± sd | RM on its own samples |',
@@ -239,13 +239,13 @@ def summary(rows, budget):
         lines += ['', f'† the seed\'s points around {budget:g} nats lie more than {BRACKET:g} nats from it on a side: '
                       f'its gain there is interpolated across that gap.']
     baselines = {key: curve_key(dict(row, arm='ppo', lr=None)) for key, row in first.items()}
-    paired = [key for key in budgets if baselines[key] in budgets and baselines[key] != key]
-    if paired:
+    against_ppo = [key for key in budgets if paired and baselines[key] in budgets and baselines[key] != key]
+    if against_ppo:
         lines += ['', f'Against offline PPO at {budget:g} nats, paired by seed (the arm\'s gain less offline PPO\'s on the '
                       f'same seed\'s initial model and labels):', '',
                   '| arm | ' + ' | '.join(f'seed {s}' for s in seeds) + ' | mean ± sd | seeds where it gains more |',
                   '|---|' + '---|' * (len(seeds) + 2)]
-        for key in paired:
+        for key in against_ppo:
             entry = against(budgets, key, baselines[key])
             cells = _seed_cells(entry['seeds'], seeds)
             lines.append(f'| {curve_label(first[key])} | ' + ' | '.join(cells) + f' | {_mean_cell(entry)} | '
@@ -508,7 +508,8 @@ def write(out, *, arms, kl_budgets, command, figure, doc, readme=None, default_l
         figure_there = os.path.relpath(figure, os.path.dirname(os.path.abspath(readme)))
         first = kl_budgets[0]
         replace_section(readme, f'Made by `{command}` ({len(rows)} points). The gain at {first:g} nats, interpolated on '
-                                f'each seed\'s frontier:\n\n{summary(rows, first)}\n![gain against KL]({figure_there})\n',
+                                f'each seed\'s frontier (each arm against offline PPO, paired by seed: the doc):\n\n'
+                                f'{summary(rows, first, paired=False)}\n![gain against KL]({figure_there})\n',
                         SUMMARY_BEGIN, SUMMARY_END)
     for budget in kl_budgets:
         for arm, entry in budget_table(rows, budget).items():

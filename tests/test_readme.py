@@ -41,3 +41,12 @@ def test_every_relative_link_leads_to_a_file_and_heading(page):
         elif anchor and linked.suffix == '.md' and anchor not in _anchors(linked):
             broken.append(f'{target}: no heading #{anchor} in {linked.relative_to(REPO_ROOT)}')
     assert not broken, f'{page.relative_to(REPO_ROOT)}: ' + '; '.join(broken)
+
+
+MAX_README_LINES = 400
+
+
+def test_the_readme_is_at_most_400_lines():
+    """The README is for users (install, run, what to expect, results with commands); the detail lives in docs/."""
+    lines = len(README.read_text().splitlines())
+    assert lines <= MAX_README_LINES, f'README.md: {lines} lines, at most {MAX_README_LINES}: move the detail to docs/'

@@ -44,11 +44,12 @@ from lm_human_preferences.utils.command_line import ConfigError
 # 4.0-9.1 nats, 0.13-0.07 at 10.1-16.6; online lands further at the same kl_coef (0.3 at 1.5-4.4, 0.21 at 8.6-10.0,
 # 0.15 at 15-38), so 0.25 and 0.17 between. Without the filter, or with 4x the episodes, PPO lands further: 0.3 keeps
 # a point below 6. Best-of-n up to 2,048 samples, whose bound is 6.63 nats (it reaches 10.5 nats at ~99,000 samples a
-# query: 12 is out of its range). DPO on every pair landed at 2.1-2.5 (beta 1), 6.3-7.7 (0.4), 10.7-13 (0.2) and
-# 15.3-18.3 (0.1): 0.5 and 0.15 between; on PPO's objective (about half the pairs) a beta may land elsewhere.
+# query: 12 is out of its range). DPO on every pair landed at 2.1-2.5 (beta 1) to 15.3-18.3 (0.1); on PPO's objective
+# (its pairs ordered by the filter) beta 0.4 went to 16.05 nats on seed 1, so with KL ~ beta^-0.87 as before: 2, 1.2,
+# 0.8, 0.55 and 0.4 for about 3.5, 6, 8.5, 12 and 16 nats.
 DEFAULT_POINTS = dict(ppo=(0.3, 0.25, 0.21, 0.17, 0.13, 0.1, 0.07), ppo_nofilter=(0.3, 0.21, 0.13, 0.1, 0.07),
                       ppo_4x=(0.3, 0.21, 0.13, 0.1, 0.07), online=(0.4, 0.3, 0.25, 0.21, 0.17, 0.15),
-                      best_of_n=(4, 16, 64, 256, 1024, 2048), dpo=(1, 0.5, 0.4, 0.2, 0.15))
+                      best_of_n=(4, 16, 64, 256, 1024, 2048), dpo=(2, 1.2, 0.8, 0.55, 0.4))
 ONLINE_RETRAINS = 3
 REWARD_PREFIX = 'rewards.train_new_model.'  # the reward model's hparams, as train_policy names them
 PPO_ARMS = ('ppo', 'ppo_nofilter', 'ppo_4x')  # offline PPO against the seed's reward model

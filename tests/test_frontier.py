@@ -91,6 +91,7 @@ def test_dpo_round_trip_and_best_of_n(tmp_path, toy_demo, capsys):
     assert dpo_row['kl_kind'] == 'measured' and dpo_row['kl'] > 0 and dpo_row['gain_se'] > 0 and dpo_row['lr'] == 0.03
     # the demo's task has no filter: every labelled pair kept; DPO's loss and pair accuracy kept with the point
     assert dpo_row['pairs'] == dict(kept=48, flipped=0, dropped=0) and dpo_row['dpo_final_loss'] == trained['final_loss']
+    assert dpo_row['filter_pass'] == 1.0  # the share of its samples PPO's filter passes: all, without a filter
     # one baseline for the seed, stored, which every arm's gain is against
     baseline = json.loads((seed_dir / 'baseline' / sweep.DONE).read_text())['baseline']
     assert len(baseline['scores']) == toy_demo.eval_queries

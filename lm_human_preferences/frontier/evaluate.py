@@ -4,6 +4,7 @@ policy's samples) and the KL of the trained policy from the initial one, measure
 best-of-n's points. Every arm's gain is against one baseline a seed (seed_baseline: the initial policy's scores on
 the test queries, computed once and stored). One process."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -23,20 +24,24 @@ ALL_QUERIES_MAX_N = 256
 def measured_kl(exp, task, initial, trained, *, seed):
     """KL(trained || initial) in nats a response on exp.eval_queries test queries, as PPO's objective/kl: the sum over
     the sampled response's tokens (before the task's truncation) of log pi - log rho, both at the task's temperature;
-    (mean, its standard error)."""
+    (mean, its standard error, the share of those samples that pass the task's filter once postprocessed, as PPO's
+    score judges them)."""
     policy, encoder = frozen_policy(trained, task)
     reference, _ = frozen_policy(initial, task)
     sampler = lm_tasks.make_query_sampler(hparams=task, encoder=encoder, batch_size=exp.eval_queries, mode='test')
+    postprocess = lm_tasks.postprocess_fn_from_hparams(task, encoder.padding_token)
+    passes = lm_tasks.filter_fn_from_hparams(dataclasses.replace(task, filter_responses=True))
     queries = sampler()['tokens']
     generator = rank_generator(seed)
-    kls = []
+    kls, passed = [], []
     for start in range(0, len(queries), KL_BATCH):
         batch = queries[start:start + KL_BATCH]
         rollout = policy.respond(batch, task.response_length, generator=generator)
         reference_logprobs = reference.analyze_responses(batch, rollout['responses'])['logprobs']
         kls.append((rollout['logprobs'].float() - reference_logprobs.float()).sum(dim=1))
+        passed.append(passes(postprocess(rollout['responses'])))
     kl = torch.cat(kls).double()
-    return float(kl.mean()), float(kl.std() / math.sqrt(len(kl)))
+    return float(kl.mean()), float(kl.std() / math.sqrt(len(kl))), float(torch.cat(passed).float().mean())
 
 
 def seed_baseline(exp, task, *, seed):
@@ -59,10 +64,11 @@ def policy_point(exp, hparams, trained, run_dir, *, seed, baseline, report=None)
     scored = score_report(exp.labeler, torch.tensor(baseline['scores'], dtype=torch.float64), after)
     if report is None:
         report = reward_model_on_samples(exp, hparams, run_dir, seed=seed, trained=trained)
-    kl, kl_se = measured_kl(exp, task, task.policy.initial_model, trained, seed=seed)
+    kl, kl_se, filter_pass = measured_kl(exp, task, task.policy.initial_model, trained, seed=seed)
     key = exp.labeler.name
     return dict(gain=scored[f'{key}_gain_initial_stds'], gain_se=scored[f'{key}_gain_initial_stds_se'],
-                trained_mean=scored[f'{key}_trained_mean'], kl=kl, kl_se=kl_se, kl_kind='measured',
+                trained_mean=scored[f'{key}_trained_mean'], filter_pass=filter_pass, kl=kl, kl_se=kl_se,
+                kl_kind='measured',
                 kl_objective=report.get('kl'), rm_initial=report['rm_accuracy_initial_samples'],
                 rm_trained=report['rm_accuracy_trained_samples'])
 

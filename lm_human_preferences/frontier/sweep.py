@@ -81,18 +81,25 @@ def parse_list(option, value, parse, allowed=None):
     return parsed
 
 
-def parse_points(value, arms):
-    """--points 'ppo=2,6,10;dpo=0.1,0.03': the knob's values of the arms named (the others keep DEFAULT_POINTS)."""
-    points = {arm: list(DEFAULT_POINTS[arm]) for arm in arms}
+def _arm_parts(option, value, arms, allowed, form):
+    """(arm, its values' text) of each part of --option 'ARM=V1,V2;ARM=...', one line naming the option when a part
+    is not of that form (form: 'V1,V2' or the like, as the line shows it) or its arm is not in --arms."""
     for part in (value or '').split(';'):
         if not part.strip():
             continue
         arm, _, values = part.partition('=')
         arm = arm.strip()
-        if arm not in ARMS or not values:
-            raise ConfigError(f"--points {value}: each part is ARM=V1,V2,... with ARM one of {', '.join(ARMS)}")
+        if arm not in allowed or not values:
+            raise ConfigError(f"--{option} {value}: each part is ARM={form},... with ARM one of {', '.join(allowed)}")
         if arm not in arms:
-            raise ConfigError(f'--points {value}: {arm} is not in --arms')
+            raise ConfigError(f'--{option} {value}: {arm} is not in --arms')
+        yield arm, values
+
+
+def parse_points(value, arms):
+    """--points 'ppo=2,6,10;dpo=0.1,0.03': the knob's values of the arms named (the others keep DEFAULT_POINTS)."""
+    points = {arm: list(DEFAULT_POINTS[arm]) for arm in arms}
+    for arm, values in _arm_parts('points', value, arms, ARMS, 'V1,V2'):
         parse = int if arm == 'best_of_n' else float
         points[arm] = parse_list(f'points {arm}', values, parse)
         if not all(v > 0 for v in points[arm]) or (arm == 'best_of_n' and any(v & (v - 1) for v in points[arm])):
@@ -104,15 +111,7 @@ def parse_points(value, arms):
 def parse_lr(value, arms):
     """--lr 'ppo=3e-4,6e-4;dpo=1e-4,3e-4': each named arm's learning rates (the others: the arm's default alone)."""
     rates = {}
-    for part in (value or '').split(';'):
-        if not part.strip():
-            continue
-        arm, _, values = part.partition('=')
-        arm = arm.strip()
-        if arm not in LR_ARMS or not values:
-            raise ConfigError(f"--lr {value}: each part is ARM=R1,R2,... with ARM one of {', '.join(LR_ARMS)}")
-        if arm not in arms:
-            raise ConfigError(f'--lr {value}: {arm} is not in --arms')
+    for arm, values in _arm_parts('lr', value, arms, LR_ARMS, 'R1,R2'):
         try:
             rates[arm] = parse_list('lr', values, float)
         except ConfigError as e:
@@ -266,10 +265,8 @@ class Sweep:
             self.ensure_reward_model(run.seed, run.labels)
         baseline = self.ensure_baseline(run.seed)
         command, points = getattr(self, f'run_{"ppo" if run.arm in PPO_ARMS else run.arm}')(run, run_dir, baseline)
-        for point in points:
-            point.update(baseline_mean=baseline['mean'], baseline_std=baseline['std'],
-                         **({} if run.lr is None else {'lr': run.lr}),
-                         **({} if run.labels is None else {'labels': run.labels}))
+        for point in points:  # (its lr and labels: the identity's, which the table reads)
+            point.update(baseline_mean=baseline['mean'], baseline_std=baseline['std'])
         return dict(identity=self.identity(run), command=self.frontier_line(run), trainer_command=command,
                     runs_on=runs_on(), points=points)
 
@@ -327,13 +324,12 @@ class Sweep:
     def reward_fingerprints(self, reward_dir):
         """sha256 of the labels a reward model learned from and of its initial model's weights (another CPU, or a
         cleared cache, pretrains another initial model: its labels and reward model are another seed's)."""
-        from lm_human_preferences.language.trained_models import TrainedModel
         hparams = _load_hparams('train_reward', os.path.join(reward_dir, 'train_reward_hparams.json'))
         labels = hparams.labels.source
         model_dir = hparams.task.policy.initial_model
         weights = sorted(os.path.join(root, f) for root, _, names in os.walk(model_dir) for f in names
                          if f.endswith(('.safetensors', '.pt', '.bin')))
-        assert weights, f'no weights in {model_dir} ({TrainedModel.__name__})'
+        assert weights, f'no weights in {model_dir}'
         return {'labels': file_sha256(labels), 'initial model': file_sha256(*weights)}
 
     def label_prefix_file(self, seed, labels):

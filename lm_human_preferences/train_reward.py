@@ -2,7 +2,6 @@
 """Train a reward model on human labels (port of the original train_reward.py; PORTING.md lists what differs)."""
 
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Optional
 
 import numpy as np
@@ -75,21 +74,10 @@ def _mean_std(mean, std):
 def download_labels(source, label_type, question_schemas, total_labels, *, n_vocab, padding_token):
     """Ours: returns (train, held_out), dicts of name -> CPU tensor [n, *schema.shape]: the first total_labels
     records and those after them, to evaluate on (held_out None when there are none; the original returned the
-    first ones only, as lists). Every record is checked, each problem one line (training/label_files.py)."""
+    first ones only, as lists). The records, each checked ('test': the original's 50 of zeros), are read by
+    label_files.read_labels, where the online loop reads them too (it keeps them as records)."""
     schemas = {**question_schemas, **label_type.label_schemas()}
-    check = partial(label_files.check_records, schemas=schemas, total_labels=total_labels, n_vocab=n_vocab,
-                    padding_token=padding_token)
-    if source != 'test':
-        results = label_files.read_records(source, check)  # a URL: downloaded once into the cache, by rank 0
-        if ranks.is_root():
-            print('Num labels found in source:', len(results))
-    else:
-        results = [
-            {name: np.zeros(schema.shape, dtype=label_files.numpy_dtype(schema.dtype))
-             for name, schema in schemas.items()}
-            for _ in range(50)
-        ]
-        check(results, 'test labels')
+    results = label_files.read_labels(source, schemas, total_labels, n_vocab=n_vocab, padding_token=padding_token)
     return label_files.stack(results[:total_labels], schemas), label_files.stack(results[total_labels:], schemas)
 
 

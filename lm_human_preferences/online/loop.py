@@ -43,7 +43,7 @@ from lm_human_preferences.labeling.online_hparams import PEOPLE, split_weights
 from lm_human_preferences.labeling.server import LabelServer
 from lm_human_preferences.labeling.store import DamagedSession, LabelStore, parse_labelers
 from lm_human_preferences.rewards import TrainedRewardModel
-from lm_human_preferences.training import run_checks
+from lm_human_preferences.training import label_files, run_checks
 from lm_human_preferences.training.progress import PRINT_EVERY_S
 from lm_human_preferences.utils import core as utils
 from lm_human_preferences.utils import files, hyperparams, ranks
@@ -325,23 +325,19 @@ class OnlineLoop:
     # ---------------------------------------------------------------------------------------------------
     # 2. retrain
     def _initial_labels(self):
-        """The first training's labels as records: (train, held out)."""
+        """The first training's labels, as the records of its label file (train, held out): kept as they are read
+        (checked) until a retraining's train_reward reads them from its labels.json."""
         if self.initial is None:
             reward = self.reward_hparams
             label_type = label_types.get(reward.labels.type)
-            schemas = label_type.question_schemas(query_length=self.hparams.task.query_length,
-                                                  response_length=self.hparams.task.response_length)
-            encoding = self.ppo_trainer.policy.trained_model.encoding
-            train, held_out = train_reward.download_labels(
-                reward.labels.source, label_type, schemas, reward.labels.num_train, n_vocab=encoding.n_vocab,
+            schemas = {**label_type.question_schemas(query_length=self.hparams.task.query_length,
+                                                     response_length=self.hparams.task.response_length),
+                       **label_type.label_schemas()}
+            records = label_files.read_labels(
+                reward.labels.source, schemas, reward.labels.num_train,
+                n_vocab=self.ppo_trainer.policy.trained_model.encoding.n_vocab,
                 padding_token=self.ppo_trainer.policy.padding_token)
-
-            def records(labels):
-                if labels is None:
-                    return []
-                n = len(next(iter(labels.values())))
-                return [{key: value[i].tolist() for key, value in labels.items()} for i in range(n)]
-            self.initial = records(train), records(held_out)
+            self.initial = records[:reward.labels.num_train], records[reward.labels.num_train:]
         return self.initial
 
     def _retrain(self, k):

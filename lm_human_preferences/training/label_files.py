@@ -5,12 +5,30 @@ fingerprint and where they came from), so that a rerun on other labels is refuse
 import hashlib
 import json
 import os
+from functools import partial
 
 import numpy as np
 import torch
 
 from lm_human_preferences import label_types
-from lm_human_preferences.utils import gcs
+from lm_human_preferences.utils import gcs, ranks
+
+
+def read_labels(source, schemas, total_labels, *, n_vocab, padding_token):
+    """The records of labels.source as the original's JSON holds them (lists of token ids, ints), each checked
+    (check_records): an https URL or a local JSON file (read_records), or 'test': 50 records of zeros, as the
+    original's download_labels made them (there, as numpy arrays)."""
+    check = partial(check_records, schemas=schemas, total_labels=total_labels, n_vocab=n_vocab,
+                    padding_token=padding_token)
+    if source != 'test':
+        results = read_records(source, check)  # a URL: downloaded once into the cache, by rank 0
+        if ranks.is_root():
+            print('Num labels found in source:', len(results))
+        return results
+    results = [{name: np.zeros(schema.shape, dtype=numpy_dtype(schema.dtype)).tolist()
+                for name, schema in schemas.items()} for _ in range(50)]
+    check(results, 'test labels')
+    return results
 
 
 def read_records(source, check):

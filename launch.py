@@ -290,7 +290,7 @@ def launch_train_reward(exp, name, dry_run=False, mpi=None, procs=None, save_dir
         name, fn=functools.partial(launch_commands.run_command, command='train_reward', exp=exp), trials=trials,
         mpi=launch_commands.default_mpi(exp) if mpi is None else mpi, procs=procs, save_dir=save_dir,
         hparam_class=train_reward.HParams, extra_hparams=extra_hparams, dry_run=dry_run,
-        hparams_for_ranks=run_checks.check_reward_ranks)
+        hparams_for_ranks=run_checks.check_reward)
 
 
 launch_commands.describe(launch_train_policy, 'train_policy', get_experiments)  # ours: --help

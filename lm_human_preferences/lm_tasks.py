@@ -12,11 +12,7 @@ from lm_human_preferences.utils import hyperparams
 class PolicyHParams(hyperparams.HParams):
     temperature: float = 1.0
     initial_model: str = None
-
-    def validate(self, *, prefix=''):
-        super().validate(prefix=prefix)
-        hyperparams.require(hyperparams.positive(self.temperature), prefix + 'temperature', self.temperature,
-                            'it must be a positive number')
+    rules = dict(positive=('temperature',))  # ours, as below: what a field allows, one line at launch (hyperparams)
 
 @dataclass
 class TaskHParams(hyperparams.HParams):
@@ -40,19 +36,15 @@ class TaskHParams(hyperparams.HParams):
     filter_responses: bool = True
 
     policy: PolicyHParams = field(default_factory=PolicyHParams)
+    rules = dict(at_least_1=('query_length', 'response_length'), at_least_0=('truncate_after',))
 
     def validate(self, *, prefix=''):
         """Ours: the values a run cannot use, in one line each, at launch."""
         super().validate(prefix=prefix)
-        for name in ('query_length', 'response_length'):
-            hyperparams.require(getattr(self, name) > 0, prefix + name, getattr(self, name), 'it must be at least 1')
-        hyperparams.require(self.truncate_after >= 0, prefix + 'truncate_after', self.truncate_after,
-                            'it must be at least 0')
         datasets.check_dataset_name(self.query_dataset, name=prefix + 'query_dataset')
-        try:
-            n_ctx = trained_models.known_n_ctx(self.policy.initial_model)
-        except (ValueError, OSError) as e:  # ours: a bad name, a missing dir, a config we cannot load
-            raise hyperparams.HParamValueError(f"hyperparameter '{prefix}policy.initial_model': {e}") from None
+        # A bad name, a missing dir, a config we cannot load: one line.
+        n_ctx = hyperparams.require_valid(prefix + 'policy.initial_model', trained_models.known_n_ctx,
+                                          self.policy.initial_model)
         tokens = self.query_length + self.response_length
         if n_ctx is not None and tokens > n_ctx:
             # Both lengths take positions: the line names the two, not one of them.

@@ -36,10 +36,12 @@ RERUN_MAY_CHANGE = execution.RERUN_MAY_CHANGE + ('online.host', 'online.port')
 class AdaptiveKLParams(hyperparams.HParams):
     target: float = None
     horizon: int = 10000  # in episodes
+    rules = dict(at_least_1=('horizon',))  # ours, as below: what a field allows, one line at launch (hyperparams)
 
-    def validate(self, *, prefix=''):
+    def validate(self, *, prefix=''):  # ours: AdaptiveKLController divides by both
         super().validate(prefix=prefix)
-        run_checks.check_adaptive_kl(self, prefix=prefix)  # ours: AdaptiveKLController divides by both
+        hyperparams.require(hyperparams.positive(self.target), prefix + 'target', self.target,
+                            'it must be a positive number (the KL the controller aims at)')
 
 
 @dataclass
@@ -55,7 +57,14 @@ class RewardHParams(hyperparams.HParams):
 
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
-        run_checks.check_kl_coef(self, prefix=prefix)  # ours
+        # Ours: at least 0; with adaptive_kl positive.
+        if self.adaptive_kl is None:
+            hyperparams.require(hyperparams.nonnegative(self.kl_coef), prefix + 'kl_coef', self.kl_coef,
+                                'it must be a number at least 0 (0: no KL penalty)')
+        else:  # the controller only multiplies it: from 0 it never moves, and a negative one rewards the KL
+            hyperparams.require(hyperparams.positive(self.kl_coef), prefix + 'kl_coef', self.kl_coef,
+                                f'it must be a positive number with {prefix}adaptive_kl on (the controller only '
+                                f'multiplies it: 0 stays 0)')
         # The original asserted these; a ValueError names the keys.
         if self.trained_model is not None and self.train_new_model is not None:
             raise ValueError(f'Cannot use trained_model and train new model: set only one of '
@@ -78,6 +87,8 @@ class PpoHParams(hyperparams.HParams):
     gamma: float = 1
     lam: float = 0.95
     whiten_rewards: bool = True
+    rules = dict(at_least_1=('batch_size', 'nminibatches', 'noptepochs', 'total_episodes'),
+                 positive=('lr', 'cliprange', 'cliprange_value'), nonnegative=('vf_coef',), fraction=('gamma', 'lam'))
 
 
 @dataclass
@@ -103,9 +114,8 @@ class HParams(hyperparams.HParams):
 
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
-        run_checks.check_policy_hparams(self, prefix=prefix)  # ours: one line for each value a run cannot use
         ppo = self.ppo
-        # NOTE: must additionally divide by # ranks (run_checks.check_policy_ranks, at launch)
+        # NOTE: must additionally divide by # ranks (run_checks.check_policy, at launch)
         hyperparams.require(ppo.batch_size % ppo.nminibatches == 0, f'{prefix}ppo.batch_size', ppo.batch_size,
                             f'it must be a multiple of {prefix}ppo.nminibatches {ppo.nminibatches}')
         minibatch_size = ppo.batch_size // ppo.nminibatches
@@ -114,6 +124,7 @@ class HParams(hyperparams.HParams):
                              f"insufficient for whitening in PPOTrainer.loss (needs >= 8): use "
                              f"--{prefix}ppo.batch_size {8 * ppo.nminibatches} or more, fewer "
                              f"--{prefix}ppo.nminibatches, or --{prefix}ppo.whiten_rewards false")
+        run_checks.check_policy(self, 1, prefix=prefix)  # ours: across its parts, for one rank
 
 
 def chain_reward_model(hparams: HParams):
@@ -544,9 +555,7 @@ def train(hparams: HParams, callbacks=()):
     if hparams.online.retrains and not callbacks:  # ours: else the run would go on without its rounds
         raise ValueError(f'online.retrains {hparams.online.retrains}: the online loop runs them as its callback '
                          f'(online/loop.train, which launch.py runs), not train_policy.train alone')
-    # At launch already (validate, the rank checks); here for callers of train(), before any work.
-    run_checks.check_reward_task(hparams)
-    run_checks.check_policy_ranks(hparams, ranks.get_world_size())
+    run_checks.check_policy(hparams, ranks.get_world_size())  # at launch already; here for callers of train()
     # The original swapped in a random 'test' reward model under pytest; we always load the one trained.
     chain_reward_model(hparams)
 

@@ -26,18 +26,20 @@ class LabelHParams(hyperparams.HParams):
     type: str = None
     num_train: int = None
     source: str = None
+    rules = dict(at_least_1=('num_train',))  # ours, as below: what a field allows, one line at launch (hyperparams)
+
+    def validate(self, *, prefix=''):  # ours
+        super().validate(prefix=prefix)
+        hyperparams.require_valid(prefix + 'type', label_types.get, self.type)
 
 
 @dataclass
 class RunHParams(PortRunHParams):  # ours: bf16, wandb, microbatch_size, ... (training/execution.py)
-    seed: Optional[int] = None
+    seed: Optional[int] = None  # its range: run_checks.check_seed (the ranks' seeds)
     log_interval: int = 10
     save_interval: int = 50
     save_dir: Optional[str] = None
-
-    def validate(self, *, prefix=''):
-        super().validate(prefix=prefix)
-        run_checks.check_run_hparams(self, prefix=prefix)  # ours: one line at launch for a value the run cannot use
+    rules = dict(at_least_1=('save_interval', 'log_interval'))
 
 
 @dataclass
@@ -60,10 +62,12 @@ class HParams(hyperparams.HParams):
     # (so the KL coefficient always has the same meaning).
     normalize_after: bool = False
     eval_train_labels: bool = False  # ours: evaluate on the training labels too (held-out ones always)
+    rules = dict(at_least_1=('batch_size', 'rollout_batch_size'), at_least_0=('normalize_samples', 'debug_normalize'),
+                 positive=('lr',))
 
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
-        run_checks.check_reward_hparams(self, prefix=prefix)  # the original's exact_div, and ours (one line each)
+        run_checks.check_reward(self, 1, prefix=prefix)  # across its parts (the original's exact_div), for one rank
 
 
 def _mean_std(mean, std):
@@ -326,7 +330,7 @@ class RewardModelTrainer():
 def train(hparams: HParams):
     """Ours: returns RewardModelTrainer.train()'s results; rerun on the same save dir, it resumes there. In order: the
     checks, the save dir, the execution, the models, the data, the trainer, the loop (its train(): the labels)."""
-    run_checks.check_reward_ranks(hparams, ranks.get_world_size())  # at launch already; here for callers of train()
+    run_checks.check_reward(hparams, ranks.get_world_size())  # at launch already; here for callers of train()
     # Ours: the save dir (locked; a dir holding another run is refused), its files and stats (training/run.py).
     with Run(hparams, 'train_reward', may_change=RERUN_MAY_CHANGE) as run:
         utils.set_mpi_seed(hparams.run.seed)

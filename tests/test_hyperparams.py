@@ -321,3 +321,60 @@ def test_number_checks_for_require(value, is_positive, is_nonnegative, is_fracti
     assert hyperparams.positive(value) is is_positive
     assert hyperparams.nonnegative(value) is is_nonnegative
     assert hyperparams.fraction(value) is is_fraction
+
+
+@dataclass
+class Ruled(hyperparams.HParams):
+    n: int = 1
+    lr: float = 0.1
+    rules = dict(at_least_1=('n',), positive=('lr',))
+
+
+@dataclass
+class MoreRuled(Ruled):
+    share: float = 0.5
+    rules = dict(fraction=('share',))
+
+
+@dataclass
+class HoldsRuled(hyperparams.HParams):
+    inner: MoreRuled = field(default_factory=MoreRuled)
+
+
+@pytest.mark.parametrize('key, value, message', [
+    ('inner.n', 0, "hyperparameter 'inner.n' is 0: it must be at least 1"),
+    ('inner.lr', float('nan'), "hyperparameter 'inner.lr' is nan: it must be a positive number"),
+    ('inner.share', 1.5, "hyperparameter 'inner.share' is 1.5: it must be a number from 0 to 1"),
+])
+def test_a_class_rules_apply_to_its_fields_and_its_bases_too(key, value, message):
+    """An HParams class's `rules` beside its fields: validate() refuses a value outside in one line naming the
+    dotted key; a subclass's rules add to its base's (MoreRuled keeps Ruled's)."""
+    hp = HoldsRuled()
+    hp.validate()
+    hp.override_from_dict({key: value})
+    with pytest.raises(hyperparams.HParamValueError) as e:
+        hp.validate()
+    assert str(e.value) == message
+
+
+def test_require_valid_names_the_hyperparameter():
+    def parse(s):
+        if s != 'ok':
+            raise ValueError(f'{s!r} is not ok')
+        return 3
+    assert hyperparams.require_valid('a.b', parse, 'ok') == 3
+    with pytest.raises(hyperparams.HParamValueError, match=r"^hyperparameter 'a.b': 'no' is not ok$"):
+        hyperparams.require_valid('a.b', parse, 'no')
+
+
+def test_to_flat_dict_is_the_flattened_nested_dict():
+    """Every key and value of core.flatten_dict(to_nested_dict()), a group that is off (None) included."""
+    from lm_human_preferences import train_policy
+    from lm_human_preferences.utils import core
+    hp = train_policy.HParams()
+    hp.override_from_dict({'rewards.train_new_model': 'on', 'rewards.adaptive_kl': 'on', 'task.query_length': 3})
+    assert hp.to_flat_dict() == core.flatten_dict(hp.to_nested_dict(), sep='.')
+    assert hp.to_flat_dict()['rewards.train_new_model.task.query_length'] == 3
+    hp.override_from_dict({'rewards.train_new_model': 'off'})
+    assert hp.to_flat_dict()['rewards.train_new_model'] is None
+    assert list(hp.to_flat_dict()) == list(core.flatten_dict(hp.to_nested_dict(), sep='.'))

@@ -42,19 +42,13 @@ class OnlineHParams(hyperparams.HParams):
                     f"with {prefix}retrains, name who labels: '{PEOPLE}' (the labeling page), or a program: "
                     + ', '.join(f"'{name}' ({labeler.title})" for name, labeler in programs.LABELERS.items()))
             split_weights(self, prefix=prefix)
-            try:
-                check_origin(self.origin)
-            except ValueError as e:
-                raise hyperparams.HParamValueError(f"hyperparameter '{prefix}origin': {e}") from None
+            hyperparams.require_valid(prefix + 'origin', check_origin, self.origin)
             if self.labeler == PEOPLE and (not is_loopback(self.host) or self.origin is not None):
                 require(self.labelers is not None, prefix + 'labelers', self.labelers,
                         f'with {prefix}host {self.host}' + (f' {prefix}origin {self.origin}' if self.origin else '')
                         + ' (beyond this machine) name the labelers, e.g. alice,bob: each gets a link with a secret')
             if self.labelers is not None:
-                try:
-                    parse_labelers(self.labelers)
-                except ValueError as e:
-                    raise hyperparams.HParamValueError(f"hyperparameter '{prefix}labelers': {e}") from None
+                hyperparams.require_valid(prefix + 'labelers', parse_labelers, self.labelers)
 
 
 def split_weights(online, *, prefix=''):

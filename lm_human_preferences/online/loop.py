@@ -75,9 +75,9 @@ def retrain_steps(hparams, nupdates):
 
 
 def check_hparams(hparams, num_ranks, *, prefix=''):
-    """Ours, at launch (launch.py's train_policy, for its --mpi) and in train(): train_policy's rank checks, then what
-    the loop needs of train_policy's other hparams (one line each)."""
-    run_checks.check_policy_ranks(hparams, num_ranks)
+    """Ours, at launch (launch.py's train_policy, for its --mpi) and in train(): train_policy's checks across its parts
+    and ranks (run_checks.check_policy), then what the loop needs of train_policy's other hparams (one line each)."""
+    run_checks.check_policy(hparams, num_ranks, prefix=prefix)
     online, nupdates = hparams.online, train_policy.nupdates(hparams)
     if not online.retrains:
         return

@@ -36,11 +36,10 @@ class PortRunHParams(hyperparams.HParams):
     # On CUDA, one decoding step captured as a CUDA graph and replayed for every later token (language/sample.py):
     # one launch per token instead of hundreds. None = on with CUDA.
     cuda_graph: Optional[bool] = None
+    rules = dict(at_least_1=('keep_checkpoints',))  # what a field allows (utils/hyperparams.py)
 
     def validate(self, *, prefix=''):
         super().validate(prefix=prefix)
-        hyperparams.require(self.keep_checkpoints > 0, prefix + 'keep_checkpoints', self.keep_checkpoints,
-                            'it must be at least 1')
         hyperparams.require(self.microbatch_size in (None, 'auto') or self.microbatch_size > 0,
                             prefix + 'microbatch_size', self.microbatch_size,
                             "it must be at least 1 ('auto': the largest that fits the free memory; unset: no split)")

@@ -127,7 +127,7 @@ class Run:
     def _print_summary(self):
         """The hparams that define the run, in a few lines (all of them are in the save dir's JSON)."""
         h = self.hparams
-        flat = core.flatten_dict(h.to_nested_dict(), sep='.')
+        flat = h.to_flat_dict()
         keys = [k for k in ('task.query_dataset', 'task.policy.initial_model', 'task.query_length',
                             'task.response_length', 'labels.source', 'labels.num_train', 'batch_size', 'lr',
                             'rewards.trained_model', 'ppo.batch_size', 'ppo.total_episodes', 'ppo.lr',

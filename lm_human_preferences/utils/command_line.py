@@ -12,11 +12,6 @@ class ConfigError(Exception):
     """A bad command line, experiment name or hyperparameter: reported as one line, without a traceback."""
 
 
-def flat_hparams(hparams):
-    from lm_human_preferences.utils import core  # here: core imports torch, which describing a command does without
-    return core.flatten_dict(hparams.to_nested_dict(), sep='.')
-
-
 def print_dry_run(job_name, hparams, *, mpi, procs, bound, command_line, stages):
     """Ours (the original printed the bindings' dict on one line, then the nested hparams): the ranks and
     processes, the save dirs the run will use, then every hparam as `key: value` (repr), one per line, with
@@ -24,7 +19,7 @@ def print_dry_run(job_name, hparams, *, mpi, procs, bound, command_line, stages)
     the launcher (run.save_dir: --save_dir/NAME) or the trainer (derived from other hparams). stages: the
     flat hparams after the experiment's bindings and after the command line's."""
     after_bindings, after_command_line = stages
-    final = flat_hparams(hparams)
+    final = hparams.to_flat_dict()
 
     def origin(k):
         if k in command_line or after_command_line.get(k) != after_bindings.get(k):

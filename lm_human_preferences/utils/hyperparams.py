@@ -41,6 +41,10 @@ class HParamTypeError(TypeError):
 class HParams:
     """Used as a base class for hyperparameter structs. They also need to be annotated with @dataclass."""
 
+    # Ours: what the class's own fields allow, written beside them: {rule of RULES: (field name, ...)}; validate()
+    # refuses a value outside in one line naming the field (a check needing more: the class's validate()).
+    rules = {}
+
     def override_from_json_file(self, filename):
         if '://' in filename:
             # The original read gs:// files through the GCS client; we fetch URLs over http(s).
@@ -181,6 +185,16 @@ class HParams:
             d[f.name] = fieldval
         return d
 
+    def to_flat_dict(self, prefix=''):
+        """Ours: {dotted key: value} of every field, a nested group's by its path (as core.flatten_dict of
+        to_nested_dict(), without importing torch: the launcher's --help reads it)."""
+        d = {}
+        for f in fields(self):
+            fieldval = getattr(self, f.name)
+            d.update(fieldval.to_flat_dict(prefix + f.name + '.') if isinstance(fieldval, HParams)
+                     else {prefix + f.name: fieldval})
+        return d
+
     def validate(self, *, prefix=''):
         if not is_dataclass(self):
             raise HParamTypeError(f"You forgot to annotate {type(self).__name__} with @dataclass")
@@ -197,6 +211,11 @@ class HParams:
                     f"{type(fieldval).__name__}, expected {_type_name(ty)}")
             if isinstance(fieldval, HParams):
                 fieldval.validate(prefix=prefix + f.name + '.')
+        for cls in reversed(type(self).__mro__):  # ours: each class's own rules, a base class's first
+            for rule, names in vars(cls).get('rules', {}).items():
+                ok, allowed = RULES[rule]
+                for name in names:
+                    require(ok(getattr(self, name)), prefix + name, getattr(self, name), allowed)
 
 
 def is_hparam_type(ty):
@@ -237,6 +256,14 @@ def require(ok, name, value, allowed):
         raise HParamValueError(f"hyperparameter '{name}' is {value!r}: {allowed}")
 
 
+def require_valid(name, check, *args):
+    """Ours: check(*args); its ValueError (or OSError: a file the value names) one line naming the hyperparameter."""
+    try:
+        return check(*args)
+    except (ValueError, OSError) as e:
+        raise HParamValueError(f"hyperparameter '{name}': {e}") from None
+
+
 def positive(value):
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
@@ -249,6 +276,16 @@ def nonnegative(value):
 def fraction(value):
     """Ours, for require(): a number from 0 to 1, both included (nan is not)."""
     return nonnegative(value) and value <= 1
+
+
+# Ours: the rules an HParams class's `rules` name, each a test and what it allows.
+RULES = dict(
+    at_least_1=(lambda value: value > 0, 'it must be at least 1'),
+    at_least_0=(lambda value: value >= 0, 'it must be at least 0'),
+    positive=(positive, 'it must be a positive number'),
+    nonnegative=(nonnegative, 'it must be a number at least 0'),
+    fraction=(fraction, 'it must be a number from 0 to 1'),
+)
 
 
 def save_json(hparams, path):

@@ -75,10 +75,10 @@ def launch_trials(name, fn, trials, hparam_class, extra_hparams=None, dry_run=Fa
         hparams = hparam_class()
         try:
             hparams.override_from_dict(kwargs)
-            stages = [command_line.flat_hparams(hparams)]  # ours: who set each value, for the dry run
+            stages = [hparams.to_flat_dict()]  # ours: who set each value, for the dry run
             if extra_hparams:
                 hparams.override_from_str_dict(extra_hparams)
-            stages.append(command_line.flat_hparams(hparams))
+            stages.append(hparams.to_flat_dict())
             if save_dir:
                 # Set before validate() (the original set it after) so --dry_run shows the real save dir.
                 hparams.run.save_dir = os.path.join(save_dir, job_name)

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lm_human_preferences.utils import command_line, folder_lock, gcs, optional_deps, ranks, stopping
+from lm_human_preferences.utils import folder_lock, gcs, optional_deps, ranks, stopping
 from lm_human_preferences.utils.command_line import ConfigError
 
 
@@ -275,7 +275,7 @@ def _passing_stop_signals_to(processes):
 def check_before_start(job_name, hparams):
     """Ours, before any worker starts: a wandb run can log (its package, key and server), and the run's save dir
     is not in use by another process (the run checks it again when it takes it)."""
-    if any(v for k, v in command_line.flat_hparams(hparams).items() if k.endswith('run.wandb')):
+    if any(v for k, v in hparams.to_flat_dict().items() if k.endswith('run.wandb')):
         try:
             optional_deps.check_wandb(job_name)
         except (ValueError, optional_deps.MissingExtra) as e:

@@ -18,7 +18,7 @@ import torch
 
 from lm_human_preferences import label_types, lm_tasks, train_reward
 from lm_human_preferences.labeling import export, questions, schedule as schedule_module, session_stats
-from lm_human_preferences.labeling import store as store_module
+from lm_human_preferences.labeling import session_log, store as store_module
 from lm_human_preferences.labeling.server import LabelServer
 from lm_human_preferences.labeling.errors import LabelingError
 from lm_human_preferences.labeling.store import LabelStore
@@ -206,11 +206,11 @@ def test_a_damaged_question_file_is_named_never_emptied_and_restored_from_its_ba
     path.write_bytes(path.read_bytes()[:-40])
     damaged = path.read_bytes()
     for writable in (True, False):
-        with pytest.raises(store_module.DamagedSession) as e:
+        with pytest.raises(session_log.DamagedSession) as e:
             LabelStore(store.directory, writable=writable)
         assert str(path) in str(e.value) and 'restore it from a copy' in str(e.value) and '\n' not in str(e.value)
         assert e.value.batch == 0 and path.read_bytes() == damaged  # never emptied
-    with pytest.raises(store_module.DamagedSession, match='made again differs'):
+    with pytest.raises(session_log.DamagedSession, match='made again differs'):
         LabelStore.restore_batch(store.directory, 0, make_questions(6, seed=1))
     restored = LabelStore.restore_batch(store.directory, 0, make_questions(6))
     assert len(restored.order) == 6 and session_stats.progress(restored)['done'] == 3
@@ -219,7 +219,7 @@ def test_a_damaged_question_file_is_named_never_emptied_and_restored_from_its_ba
     # answers to questions the file lacks altogether: named, one line
     with open(tmp_path / 'session' / 'answers.jsonl', 'a') as f:
         f.write(json.dumps(dict(event='skip', question='q000050', labeler='bob')) + '\n')
-    with pytest.raises(store_module.DamagedSession, match='answers 1 questions that .* lacks \\(q000050 first\\)'):
+    with pytest.raises(session_log.DamagedSession, match='answers 1 questions that .* lacks \\(q000050 first\\)'):
         LabelStore(store.directory)
 
 

@@ -16,7 +16,8 @@ answers.jsonl is the truth: labels.json is written from it (atomically) after ev
 opens. A kill -9 loses at most the event being written (a torn last line is dropped when the store opens) and
 a batch of questions being appended (no question of it was shown: the batch is made again, the same).
 
-Who is asked what: its schedule (labeling/schedule.py, `store.schedule`); its statistics: labeling/session_stats.py.
+The two logs and their recovery: labeling/session_log.py (`store.log`); who is asked what: its schedule
+(labeling/schedule.py, `store.schedule`); its statistics: labeling/session_stats.py.
 """
 
 import hashlib
@@ -32,11 +33,10 @@ import time
 from lm_human_preferences import label_types
 from lm_human_preferences.labeling.errors import BadAnswer, LabelingError, NotNow, UnknownQuestion, WrongLabeler
 from lm_human_preferences.labeling.schedule import Schedule
+from lm_human_preferences.labeling.session_log import SessionLog, question_records, restore_batch
 from lm_human_preferences.utils import files
 
 SESSION_FILE = 'session.json'
-QUESTIONS_FILE = 'questions.jsonl'
-ANSWERS_FILE = 'answers.jsonl'
 LABELS_FILE = 'labels.json'
 LABELER_NAME = re.compile(r'[A-Za-z0-9_.-]{1,40}')
 # The scales a person answers on: scalar_rating's score (1 worst .. 7 best) and scalar_compare's difference
@@ -78,60 +78,6 @@ def label_key(label_type):
     return next(iter(label_types.get(label_type).label_schemas()))
 
 
-def overlap_question(index, share):
-    """Whether question number `index` (0-based) is one of the share asked twice: exactly that share of every
-    run of questions, spread evenly (floor((i + 1) * share) > floor(i * share))."""
-    return int((index + 1) * share) > int(index * share)
-
-
-def _line(record):
-    return (json.dumps(record, allow_nan=False) + '\n').encode()  # strict JSON: no NaN a strict reader refuses
-
-
-def _append_line(f, record):
-    f.write(_line(record))
-    f.flush()
-    os.fsync(f.fileno())
-
-
-def _read_lines(path):
-    """The JSON lines of path, and the length of its intact part when its last line was cut off by a kill (no
-    newline, or not JSON: dropped), else None. A damaged line before others: DamagedSession."""
-    if not os.path.exists(path):
-        return [], None
-    with open(path, 'rb') as f:
-        lines = f.readlines()
-    records, good_bytes = [], 0
-    for i, line in enumerate(lines):
-        try:
-            record = json.loads(line) if line.endswith(b'\n') else None
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            record = None
-        if not isinstance(record, dict):
-            if i == len(lines) - 1:
-                return records, good_bytes
-            raise DamagedSession(f'{path} line {i + 1} is no JSON record, with lines after it: the file is damaged '
-                                 f'(no write of ours leaves that)')
-        records.append(record)
-        good_bytes += len(line)
-    return records, None
-
-
-def _cut(path, good_bytes):
-    """Cut a torn last line from path, so that the next append starts a line of its own."""
-    with open(path, 'r+b') as f:
-        f.truncate(good_bytes)
-
-
-class DamagedSession(ValueError):
-    """A session's file in a state no kill leaves (one line naming it). batch: the question batch cut short while
-    answers.jsonl holds answers to it (made again, the same, it is written back by restore_batch), else None."""
-
-    def __init__(self, message, batch=None):
-        super().__init__(message)
-        self.batch = batch
-
-
 class LabelStore:
     """A labeling session's files (see the module's docstring), safe to use from the server's threads."""
 
@@ -156,29 +102,12 @@ class LabelStore:
         self.events = []  # every answer event not undone, in order: the labels
         self.closed = False
         self.schedule = Schedule(self)  # who is asked what: the leases, the next question of each labeler
-        self.writable = writable
-        questions_path, answers_path = (os.path.join(directory, name) for name in (QUESTIONS_FILE, ANSWERS_FILE))
-        questions, questions_torn = _read_lines(questions_path)
-        events, answers_torn = _read_lines(answers_path)
-        for question in questions:
+        self.log = SessionLog(directory, writable=writable)  # read, after a kill repaired (writable)
+        for question in self.log.questions:
             self._add_question(question)
-        asked = {e['question'] for e in events if 'question' in e}
-        rewritten = self._drop_partial_batch(answered=asked)
-        unknown = sorted(asked - set(self.questions))
-        if unknown:
-            raise DamagedSession(f'{answers_path} answers {len(unknown)} questions that {questions_path} lacks '
-                                 f'({unknown[0]} first): a file is damaged; restore it from a copy, or move '
-                                 f'{directory} away to start the session again')
-        if writable and questions_torn is not None and not rewritten:
-            _cut(questions_path, questions_torn)
-        if writable and answers_torn is not None:
-            _cut(answers_path, answers_torn)
-        for event in events:
+        for event in self.log.events:
             self._apply(event)
-        self._questions_file = self._answers_file = None
         if writable:
-            self._questions_file = open(os.path.join(directory, QUESTIONS_FILE), 'ab')
-            self._answers_file = open(os.path.join(directory, ANSWERS_FILE), 'ab')
             self._write_labels()
 
     @classmethod
@@ -198,9 +127,7 @@ class LabelStore:
         return cls(directory)
 
     def close_files(self):
-        for f in (self._questions_file, self._answers_file):
-            if f is not None:
-                f.close()
+        self.log.close()
 
     # -------------------------------------------------------------------------------------------------
     # Questions
@@ -209,59 +136,12 @@ class LabelStore:
         self.questions[question['id']] = question
         self.order.append(question['id'])
 
-    def _drop_partial_batch(self, answered):
-        """A batch cut off by a kill (fewer lines than its size): dropped from memory and, writable, from the file
-        (a batch is served only once it is all on disk: none of it was shown). Returns whether the file was
-        written. answered: the question ids answers.jsonl holds; an answer to the batch means the file was damaged
-        later: DamagedSession, the file as it is."""
-        path = os.path.join(self.directory, QUESTIONS_FILE)
-        if not self.order:
-            if answered:
-                raise DamagedSession(f'{path} holds no question while answers.jsonl holds answers: the file was '
-                                     f'damaged; restore it from a copy, or move {self.directory} away to start the '
-                                     f'session again', batch=0)
-            return False
-        last = self.questions[self.order[-1]]
-        batch = [i for i in self.order if self.questions[i]['batch'] == last['batch']]
-        if len(batch) == last['batch_size']:
-            return False
-        if answered & set(batch) or any(self._index(i) > self._index(self.order[-1]) for i in answered):
-            raise DamagedSession(f'{path}: its last batch of questions (batch {last["batch"]}) is cut short '
-                                 f'({len(batch)} of {last["batch_size"]} lines) while answers.jsonl holds answers to '
-                                 f'it: the file was damaged after it was written; restore it from a copy, or move '
-                                 f'{self.directory} away to start the session again', batch=last['batch'])
-        for i in batch:
-            del self.questions[i]
-        self.order = self.order[:-len(batch)]
-        if self.writable:
-            files.atomic_write(path, b''.join(_line(self.questions[i]) for i in self.order))
-        return self.writable
-
-    @staticmethod
-    def _index(question_id):
-        return int(question_id[1:]) if isinstance(question_id, str) and question_id[1:].isdigit() else -1
-
-    def _records(self, questions, batch, start):
-        """The records of a batch of questions as questions.jsonl holds them (ids from start on)."""
-        return [dict(question, id=f'q{start + j:06d}', batch=batch, batch_size=len(questions),
-                     overlap=overlap_question(start + j, self.session['overlap'])) for j, question in enumerate(questions)]
-
     @classmethod
     def restore_batch(cls, directory, batch, questions):
-        """Write back question batch `batch`, cut short by damage (DamagedSession.batch), from the same questions
-        made again; refused (DamagedSession) unless its intact lines are theirs. Returns the store."""
-        path = os.path.join(directory, QUESTIONS_FILE)
-        intact, _ = _read_lines(path)
-        kept = [q for q in intact if q['batch'] < batch]
+        """Write back question batch `batch`, cut short by damage (session_log.DamagedSession.batch), from the same
+        questions made again (session_log.restore_batch); returns the store."""
         with open(os.path.join(directory, SESSION_FILE)) as f:
-            session = json.load(f)
-        store = cls.__new__(cls)
-        store.session = session
-        remade = store._records(questions, batch, len(kept))
-        if intact[len(kept):] != remade[:len(intact) - len(kept)]:
-            raise DamagedSession(f'{path}: batch {batch} made again differs from its intact lines: restore the file '
-                                 f'from a copy, or move {directory} away to start the session again')
-        files.atomic_write(path, b''.join(_line(q) for q in kept + remade))
+            restore_batch(directory, batch, questions, json.load(f)['overlap'])
         return cls(directory)
 
     @property
@@ -277,11 +157,8 @@ class LabelStore:
                 missing = [k for k in ['query'] + self.sample_keys if k not in question]
                 if missing:
                     raise ValueError(f'a question lacks {missing} (label type {self.label_type})')
-            added = self._records(questions, self.batches, len(self.order))
-            for record in added:
-                self._questions_file.write(_line(record))
-            self._questions_file.flush()
-            os.fsync(self._questions_file.fileno())
+            added = question_records(questions, self.batches, len(self.order), self.session['overlap'])
+            self.log.append_questions(added)
             for record in added:
                 self._add_question(record)
             return [r['id'] for r in added]
@@ -347,7 +224,7 @@ class LabelStore:
         return float(choice)
 
     def _log(self, event):
-        _append_line(self._answers_file, event)
+        self.log.append_events([event])
         self._apply(event)
         self._write_labels()
 
@@ -377,15 +254,14 @@ class LabelStore:
         now = time.time() if now is None else now
         with self.lock:
             order = list(range(len(self.sample_keys)))
+            events = []
             for question_id, value in labels.items():
                 self._question_for(labeler, question_id)
-                event = dict(event='answer', question=question_id, labeler=labeler, label={self.label_key: value},
-                             choice=None, order=order, shown_at=None, answered_at=now, seconds=None,
-                             client_seconds=None)
-                self._answers_file.write(_line(event))
-                self._apply(event)
-            self._answers_file.flush()
-            os.fsync(self._answers_file.fileno())
+                events.append(dict(event='answer', question=question_id, labeler=labeler,
+                                   label={self.label_key: value}, choice=None, order=order, shown_at=None,
+                                   answered_at=now, seconds=None, client_seconds=None))
+                self._apply(events[-1])
+            self.log.append_events(events)
             self._write_labels()
 
     def skip(self, labeler, question_id, *, now=None):

@@ -41,7 +41,8 @@ from lm_human_preferences.labeling import session as session_module
 from lm_human_preferences.labeling import session_stats
 from lm_human_preferences.labeling.online_hparams import PEOPLE, split_weights
 from lm_human_preferences.labeling.server import LabelServer
-from lm_human_preferences.labeling.store import DamagedSession, LabelStore, parse_labelers
+from lm_human_preferences.labeling.session_log import DamagedSession
+from lm_human_preferences.labeling.store import LabelStore, parse_labelers
 from lm_human_preferences.rewards import TrainedRewardModel
 from lm_human_preferences.training import label_files, run_checks
 from lm_human_preferences.training.progress import PRINT_EVERY_S

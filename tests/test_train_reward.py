@@ -16,6 +16,7 @@ import torch
 
 from lm_human_preferences import label_types, rewards, train_reward
 from lm_human_preferences.language import checkpoints, trained_models
+from lm_human_preferences.training import label_files
 from lm_human_preferences.training.run import Run
 from lm_human_preferences.training.side_by_side import RankGradients
 from lm_human_preferences.utils import core, gcs, passes
@@ -332,6 +333,24 @@ def test_download_labels_test_source_is_50_zero_records():
     assert held_out['query'].shape == (34, 2)
     assert all(int(v.abs().sum()) == 0 for v in list(train.values()) + list(held_out.values()))
     assert train['query'].dtype == torch.int32 and train['best'].dtype == torch.int32
+
+
+def test_read_labels_gives_the_records_as_their_file_holds_them(tmp_path):
+    """The online loop keeps the first training's labels as records (label_files.read_labels) and writes them into
+    each retraining's labels.json: a file's records as json.load reads them, checked (a bad one is refused), and
+    'test''s 50 records of zeros as JSON holds them (lists and ints), which download_labels stacks."""
+    label_type = label_types.get('best_of_4')
+    schemas = {**label_type.question_schemas(query_length=2, response_length=3), **label_type.label_schemas()}
+    records = synthetic_records(20, seed=5)
+    source = write_labels(tmp_path / 'labels.json', records)
+    assert label_files.read_labels(source, schemas, 16, n_vocab=N_VOCAB, padding_token=PAD) == records
+    zeros = label_files.read_labels('test', schemas, 16, n_vocab=N_VOCAB, padding_token=PAD)
+    assert json.loads(json.dumps(zeros)) == zeros == [dict(query=[0, 0], sample0=[0, 0, 0], sample1=[0, 0, 0],
+                                                           sample2=[0, 0, 0], sample3=[0, 0, 0], best=0)] * 50
+    records[3]['best'] = 4
+    with pytest.raises(ValueError, match=r"record 3: 'best' is 4, expected an integer in \[0, 4\)"):
+        label_files.read_labels(write_labels(tmp_path / 'bad.json', records), schemas, 16, n_vocab=N_VOCAB,
+                                padding_token=PAD)
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):

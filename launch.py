@@ -302,5 +302,6 @@ if __name__ == '__main__':
         train_reward=launch_train_reward,
         label=launch_commands.label_command(get_train_reward_experiments),  # ours: labeling/
         export_labels=launch_commands.launch_export_labels,
+        publish=launch_commands.launch_publish,  # ours: offline/published.py
         frontier=launch_commands.frontier_command(launch_train_policy, launch_train_reward, get_experiments),  # ours
     ))

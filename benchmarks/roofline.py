@@ -78,7 +78,7 @@ def experiment_shapes(name):
         policy_bindings = dict((k, v) for k, v, _ in launch.get_experiments()['sentiment_mini'][0])
     exp = package.EXPERIMENT
     b = policy_bindings
-    return dict(exp=exp, pretrain=pretrain.pretrain_hparams(exp, 1), n_vocab=exp.encoding.n_vocab,
+    return dict(exp=exp, pretrain=exp.pretrain, n_vocab=exp.encoding.n_vocab,
                 threads=exp.cpu_threads,
                 query_length=b['task.query_length'],
                 response_length=b['task.response_length'], temperature=b.get('task.policy.temperature', 1.0),

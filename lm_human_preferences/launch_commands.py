@@ -126,6 +126,20 @@ def launch_export_labels(session_dir, out=None):
 launch_export_labels.option_help = dict(out=command_line.REQUIRED)
 
 
+def launch_publish(exp, save_dirs):
+    """Ours: an offline experiment's initial model and the labels of its finished runs (save dirs, comma-separated)
+    published into its package (offline/published.py), for every CPU to start from."""
+    if exp not in offline_experiments.NAMES:
+        raise ConfigError(f"publish: {exp!r} is no offline experiment (choose from: {', '.join(offline_experiments.NAMES)})")
+    dirs = [d for d in save_dirs.split(',') if d]
+    missing = [d for d in dirs if not os.path.isfile(os.path.join(d, f'{exp}_labels.json'))]
+    if not dirs or missing:
+        raise ConfigError(f"publish: {', '.join(missing) or repr(save_dirs)}: a save dir of a finished {exp} run "
+                          f"(with its {exp}_labels.json) is needed")
+    from lm_human_preferences.offline import published
+    published.publish(offline_experiments.experiment(exp), dirs)
+
+
 def frontier_command(train_policy, train_reward, policy_experiments):
     """launch.py's `frontier` command, running launch.py's train_policy and train_reward commands."""
     def launch_frontier(exp, arms='ppo,ppo_nofilter,online,best_of_n,dpo', seeds='1,2,3', points=None, lr=None,

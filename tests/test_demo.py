@@ -50,8 +50,8 @@ def test_the_initial_model_is_resolved_once_for_all_tasks(tmp_path, monkeypatch,
     for _ in range(2):  # made, then found in the cache
         policy_task, reward_task = lm_tasks.TaskHParams(), lm_tasks.TaskHParams()
         policy_task.policy.initial_model = reward_task.policy.initial_model = 'demo'
-        experiment.resolve_initial_model(exp, policy_task, reward_task, run_seed=None)
-        experiment.resolve_initial_model(exp, reward_task, run_seed=None)  # as prepare_reward_training does next: already resolved
+        experiment.resolve_initial_model(exp, policy_task, reward_task)
+        experiment.resolve_initial_model(exp, reward_task)  # as prepare_reward_training does next: already resolved
         assert policy_task.policy.initial_model == reward_task.policy.initial_model == model
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('demo: ')]
     assert lines == [f'demo: pretraining the initial model into {model} (1 layers, width 16, 27-token vocabulary, '

@@ -298,7 +298,7 @@ def test_a_stopped_pretraining_resumes_to_the_same_model(tmp_path, monkeypatch, 
     model an uninterrupted pretraining makes; the saved state goes once the model is made."""
     exp = dataclasses.replace(demo.EXPERIMENT, pretrain=dataclasses.replace(
         demo.EXPERIMENT.pretrain, n_embd=16, n_head=2, n_layer=1, n_ctx=16, steps=6, batch_size=2))
-    key = pretrain._pretrain_key(exp, pretrain.pretrain_hparams(exp, None))
+    key = pretrain._pretrain_key(exp, exp.pretrain)
     whole = pretrain.pretrain(exp, str(tmp_path / 'whole'), key)
 
     step = pretrain._pretraining_step

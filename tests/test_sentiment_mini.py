@@ -53,7 +53,7 @@ def test_short_sentiment_mini(tmp_path, short_mini, capsys):
     # The initial model was pretrained on the real vocabulary, with progress lines, and cached.
     assert 'sentiment_mini: pretraining the initial model into ' in out and '50,257-token vocabulary' in out
     assert re.search(r'\[sentiment_mini pretraining: step 20/20 done, [\d.]+ s/step, ETA 0s, loss [\d.]+\]', out), out[:3000]
-    initial = Path(pretrain.model_dir(sentiment_mini.EXPERIMENT, 1))
+    initial = Path(pretrain.model_dir(sentiment_mini.EXPERIMENT))
     assert checkpoints.read_encoding(str(initial)) is encodings.Main
     assert re.search(r'\[sentiment_mini labels: batch 3/3 done, [\d.]+ s/step, ETA 0s\]', out), out[:3000]
 

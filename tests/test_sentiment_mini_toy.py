@@ -38,12 +38,12 @@ def toy_mini(monkeypatch):
 def test_toy_sentiment_mini_pipeline(tmp_path, toy_mini, capsys):
     top_launch.launch_train_policy('sentiment_mini', 'toy', save_dir=str(tmp_path), **TOY, **{'run.seed': '2'})
     save_dir, out = tmp_path / 'toy', capsys.readouterr().out
-    # --run.seed 2 seeds the whole pipeline: the initial model (pretrained with seed 2 and cached under a name
-    # that says so), the labels' draws and the reward model (its phase's run.seed), and PPO.
-    model = Path(pretrain.model_dir(toy_mini, 2))
-    assert model.name == 'sentiment_mini-seed2'
-    assert json.loads((model / 'pretrain.json').read_text())['pretrain']['seed'] == 2
-    assert f'sentiment_mini: pretraining the initial model into {model} ' in out and '; seed 2)' in out
+    # --run.seed 2 seeds the labels' draws, the reward model (its phase's run.seed) and PPO; the initial model is
+    # every seed's (pretrained with the experiment's seed, 1), here the toy's own: not the published one.
+    model = Path(pretrain.model_dir(toy_mini))
+    assert model.name == 'sentiment_mini'
+    assert json.loads((model / 'pretrain.json').read_text())['pretrain']['seed'] == 1
+    assert f'sentiment_mini: pretraining the initial model into {model} ' in out and "experiment's published" not in out
     reward_hparams = json.loads((save_dir / 'train_reward_hparams.json').read_text())
     assert reward_hparams['run']['seed'] == 2 and reward_hparams['task']['policy']['initial_model'] == str(model)
     assert json.loads((save_dir / 'train_policy_hparams.json').read_text())['run']['seed'] == 2

@@ -416,12 +416,12 @@ class Sweep:
         """train_policy's hparams of this seed's runs against its reward model, resolved (the task with its initial
         model's dir), for the arms that run no trainer."""
         from lm_human_preferences import train_policy
-        from lm_human_preferences.offline.pretrain import model_dir
         hparams = train_policy.HParams()
         reward = _load_hparams('train_reward', os.path.join(self.reward_dir(seed), 'train_reward_hparams.json'))
-        hparams.task = reward.task  # the seed's task, its initial model resolved to the cached model's dir
+        # The seed's task, its initial model resolved to the dir its reward model's run used (its weights checked
+        # by check_reward_model's fingerprints).
+        hparams.task = reward.task
         hparams.rewards.trained_model = os.path.join(self.reward_dir(seed, labels), 'reward_model')
-        assert hparams.task.policy.initial_model == model_dir(self.exp, seed), hparams.task.policy.initial_model
         return hparams
 
     def run_best_of_n(self, run, run_dir, baseline):
@@ -516,17 +516,7 @@ def runs_on():
     """The CPU or GPU a run ran on (its kernels round its results; on a CPU the initial model follows them)."""
     from lm_human_preferences.utils import core as utils
     from lm_human_preferences.utils import cpu
-    model = ''
-    if utils.get_device().type == 'cpu' and os.path.isfile('/proc/cpuinfo'):
-        with open('/proc/cpuinfo') as f:
-            info = f.read()
-        name = next((line.split(':', 1)[1].strip() for line in info.splitlines() if line.startswith('model name')), '')
-        flags = set(next((line.split(':', 1)[1].split() for line in info.splitlines() if line.startswith('flags')), []))
-        # a virtual machine's name may not say the family ('Intel(R) Xeon(R) Processor'): its widest products do
-        kind = ('AMX' if 'amx_bf16' in flags else 'AVX512-BF16' if 'avx512_bf16' in flags else
-                'AVX512' if 'avx512f' in flags else 'AVX2' if 'avx2' in flags else '')
-        model = ', '.join(part for part in (name, kind and f'{kind} in its flags') if part)
-    return cpu.describe(utils.get_device()) + (f' on {model}' if model else '')
+    return cpu.runs_on(utils.get_device())
 
 
 def start_attempt(run_dir):

@@ -57,7 +57,7 @@ def label_session(hparams, *, instructions, policy=None, validation=None, num=10
                   prepare_task=None):
     """Serve the session in hparams.run.save_dir (a train_reward experiment's hparams: its task, labels.type and
     run.seed) until num labels are given; returns the store. instructions: what the page asks, by label kind;
-    prepare_task(task, run_seed): what makes the task's initial model first (an offline experiment's pretraining):
+    prepare_task(task): what makes the task's initial model first (an offline experiment's pretraining):
     both the experiment's, which the launcher passes; origin: the page's public address behind a reverse proxy.
     Every bad argument is one line before anything is made; the page is up before the first questions are made."""
     task, label_type, seed = hparams.task, hparams.labels.type, hparams.run.seed or 0
@@ -74,7 +74,7 @@ def label_session(hparams, *, instructions, policy=None, validation=None, num=10
     server = LabelServer(host=host, port=port, origin=origin)  # a port in use: one line, nothing made
     try:
         if prepare_task is not None:
-            prepare_task(task, run_seed=hparams.run.seed)
+            prepare_task(task)
         initial_model = trained_models.TrainedModel(task.policy.initial_model)
         made_from = dict(form='validation' if validation else 'policy', initial_model=initial_model.checkpoint(),
                          run=os.path.abspath(run_dir) if run_dir else None)

@@ -22,7 +22,8 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict
+from pathlib import Path
+from typing import Callable, Dict, Optional
 
 import torch
 
@@ -33,6 +34,7 @@ from lm_human_preferences.labeling import programs
 from lm_human_preferences.language import encodings, model_sources, trained_models
 from lm_human_preferences.offline.report import (best_of_n_rows, finish, online_report, policy_report, reward_report,
                                                   reward_model_on_samples, sample_scores, score_report)
+from lm_human_preferences.offline import published
 from lm_human_preferences.offline.labels import (bag_of_words_accuracy, cache_path, labeler_ceiling, labels_key,
                                                  make_labels)
 from lm_human_preferences.offline.pretrain import PretrainHParams, ensure_pretrained
@@ -68,7 +70,8 @@ class OfflineExperiment:
     labels, and the prefix of the files it writes in the save dir. corpus(): the pretraining text.
     held_out_labels: label records made after labels.num_train, on which train_reward evaluates.
     eval_queries: test queries sampled (once per policy) for the report. cpu_threads: torch's intra-op
-    threads while it runs on a CPU."""
+    threads while it runs on a CPU. published: the folder of its published initial model and labels, which a run
+    uses where it would make the same (published.py); None: every run makes its own."""
     name: str
     encoding: encodings.Encoding
     corpus: Callable[[], str]
@@ -78,6 +81,7 @@ class OfflineExperiment:
     eval_queries: int = 256
     cpu_threads: int = 1
     encoding_note: str = ''  # what the encoding is, and where a model of another one runs (an error says it)
+    published: Optional[str] = None
 
     def declare(self):
         """Tells the layers below what this experiment serves, by name, as its query dataset registers its own: its
@@ -101,14 +105,13 @@ def check_initial_models(exp: OfflineExperiment, *tasks):
                              f'{exp.name} experiment runs on the {exp.encoding.name!r} encoding{exp.encoding_note}')
 
 
-def resolve_initial_model(exp: OfflineExperiment, *tasks, run_seed):
-    """task.policy.initial_model <name> names the experiment's pretrained model (for run.seed run_seed: its seed
-    when the experiment's pretraining follows the run's), made once (ensure_pretrained): the trainers get its
-    directory. All the tasks of a run at once, so that it is
-    checked (and reported) once. Collective."""
+def resolve_initial_model(exp: OfflineExperiment, *tasks):
+    """task.policy.initial_model <name> names the experiment's initial model, published or made once
+    (ensure_pretrained): the trainers get its directory. All the tasks of a run at once, so that it is checked (and
+    reported) once. Collective."""
     named = [task for task in tasks if task.policy.initial_model == exp.name]
     if named:
-        model = ensure_pretrained(exp, run_seed)
+        model = ensure_pretrained(exp)
         for task in named:
             task.policy.initial_model = model
 
@@ -130,16 +133,19 @@ def prepare_reward_training(exp: OfflineExperiment, hparams: train_reward_module
         made = 'reused: this save dir already had them'
     else:
         seed = hparams.run.seed or 0
-        cached = cache_path(exp, labels_key(exp, hparams, num_labels=num_labels, seed=seed))
-        if utils.mpi_bcast(os.path.isfile(cached)):
-            made = f'copied from {cached}, made by an earlier run of this seed, initial model and task'
+        key = labels_key(exp, hparams, num_labels=num_labels, seed=seed)
+        found, cached = published.labels(exp, key), cache_path(exp, key)
+        if found:
+            made = f"the experiment's published labels, {found.made}"
         else:
-            make_labels(exp, hparams, cached, num_labels=num_labels, seed=seed)
-            made = f'made in {time.time() - started:.0f}s, kept in {cached} for a rerun'
+            if utils.mpi_bcast(os.path.isfile(cached)):
+                made = f'copied from {cached}, made by an earlier run of this seed, initial model and task'
+            else:
+                make_labels(exp, hparams, cached, num_labels=num_labels, seed=seed)
+                made = f'made in {time.time() - started:.0f}s, kept in {cached} for a rerun'
         if ranks.is_root():
             os.makedirs(save_dir, exist_ok=True)
-            with open(cached, 'rb') as f:
-                files.atomic_write(path, f.read())
+            files.atomic_write(path, published.read_labels(found.path) if found else Path(cached).read_bytes())
         utils.mpi_bcast(None)  # everyone waits until the copy is in place
     hparams.labels.source = path
 
@@ -239,7 +245,7 @@ def _train_reward(exp, hparams):
     _check_labeler(exp)
     check_initial_models(exp, hparams.task)
     with phases('initial model'):
-        resolve_initial_model(exp, hparams.task, run_seed=hparams.run.seed)
+        resolve_initial_model(exp, hparams.task)
     with phases('labels'):
         references = prepare_reward_training(exp, hparams, save_dir)
     with phases('train_reward'):
@@ -293,8 +299,7 @@ def _train_policy(exp, hparams):
     check_initial_models(exp, hparams.task, *([reward_hparams.task] if reward_hparams is not None else []))
     references = {}
     with phases('initial model'):
-        resolve_initial_model(exp, hparams.task, *([reward_hparams.task] if reward_hparams is not None else []),
-                              run_seed=hparams.run.seed)
+        resolve_initial_model(exp, hparams.task, *([reward_hparams.task] if reward_hparams is not None else []))
     if reward_hparams is not None:
         with phases('labels'):
             references = prepare_reward_training(exp, reward_hparams, save_dir)

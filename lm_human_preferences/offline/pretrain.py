@@ -7,8 +7,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
-from typing import Optional
+from dataclasses import asdict, dataclass
 
 import torch
 from safetensors import SafetensorError
@@ -16,6 +15,7 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from lm_human_preferences.language import bf16, checkpoints, model, model_sources
+from lm_human_preferences.offline import published
 from lm_human_preferences.training.adam import AdamTF
 from lm_human_preferences.training.progress import Progress
 from lm_human_preferences.utils import core as utils
@@ -32,31 +32,20 @@ class PretrainHParams:
     steps: int = 400
     batch_size: int = 32
     lr: float = 3e-3  # decayed linearly to 0
-    # The initialisation's and the windows' seed; None: the run's (run.seed), so that one seed draws the whole
-    # pipeline, the initial model included (each seed's model cached beside the others: model_dir).
-    seed: Optional[int] = 0
+    seed: int = 0  # the initialisation's and the windows': one initial model for every run.seed
     # The products with the output embedding in bf16 where the CPU multiplies bf16 natively (see
     # pretraining_products_dtype): for a large vocabulary, where they are most of a step's time.
     bf16_products: bool = False
 
 
-def pretrain_hparams(exp, run_seed):
-    """exp.pretrain with its seed resolved: the run's (run.seed; None is 0) when exp.pretrain.seed is None."""
-    if exp.pretrain.seed is not None:
-        return exp.pretrain
-    return replace(exp.pretrain, seed=run_seed or 0)
-
-
-def model_dir(exp, run_seed=None):
-    """saved_models_dir()/<name>; <name>-seed<S> when the pretraining follows the run's seed S."""
-    if exp.pretrain.seed is None:
-        return model_sources.offline_model_dir(f'{exp.name}-seed{pretrain_hparams(exp, run_seed).seed}')
+def model_dir(exp):
+    """saved_models_dir()/<name>: where the experiment's initial model is made when it is not the published one."""
     return model_sources.offline_model_dir(exp.name)
 
 
 def _pretrain_key(exp, hparams: PretrainHParams):
-    """What the cached model was made from (hparams: pretrain_hparams): a different key means it must be made
-    again."""
+    """What the cached model was made from (hparams: the experiment's pretraining): a different key means it must
+    be made again."""
     return dict(pretrain=asdict(hparams), encoding=exp.encoding.name,
                 corpus_sha1=hashlib.sha1(exp.corpus().encode()).hexdigest(),
                 products_dtype=str(pretraining_products_dtype(hparams)).removeprefix('torch.'))
@@ -234,11 +223,17 @@ class PartialState:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def ensure_pretrained(exp, run_seed=None):
-    """Make model_dir(exp, run_seed) unless it holds a model made from the experiment's pretraining hparams (its
-    seed resolved: pretrain_hparams), encoding and corpus; collective (rank 0 trains, the others wait). Returns
-    the dir."""
-    out_dir = model_dir(exp, run_seed)
+def ensure_pretrained(exp):
+    """Make model_dir(exp) unless it holds a model made from the experiment's pretraining hparams, encoding and
+    corpus; collective (rank 0 trains, the others wait). Returns the dir: the experiment's published model where it
+    was made from the same (published.py), on every CPU."""
+    found = published.initial_model(exp, _pretrain_key(exp, exp.pretrain))
+    if found:
+        if ranks.is_root():
+            print(f"{exp.name}: the experiment's published initial model, {found.made} (every CPU starts from "
+                  f"these weights): {found.path}")
+        return found.path
+    out_dir = model_dir(exp)
     if not ranks.is_root():
         error = utils.mpi_bcast(None)
         if error is not None:
@@ -250,15 +245,14 @@ def ensure_pretrained(exp, run_seed=None):
         with open(key_path) as f:
             cached = json.load(f)
     try:
-        p = pretrain_hparams(exp, run_seed)
+        p = exp.pretrain
         key = _pretrain_key(exp, p)
         if cached == key and checkpoints.latest_checkpoint(out_dir) is not None:
             print(f'{exp.name}: using the pretrained initial model in {out_dir}')
         else:
-            seed = f'; seed {p.seed}' if exp.pretrain.seed is None else ''
             print(f'{exp.name}: pretraining the initial model into {out_dir} ({p.n_layer} layers, width '
                   f'{p.n_embd}, {exp.encoding.n_vocab:,}-token vocabulary, {p.steps} steps of {p.batch_size} '
-                  f'x {p.n_ctx} tokens; {key["products_dtype"]} products with the output embedding{seed})', flush=True)
+                  f'x {p.n_ctx} tokens; {key["products_dtype"]} products with the output embedding)', flush=True)
             pretrain(exp, out_dir, key)
     except Exception as e:
         utils.mpi_bcast(f'{type(e).__name__}: {e}')  # the other ranks must not wait for a model that never comes

@@ -11,8 +11,9 @@ bindings: bindings.py.
   through the books task's query pipeline as the `sentiment_mini` query dataset (the `local:` recipe of
   datasets/local.py); launch.py's books task but for the dataset, the model and shorter queries and
   responses (bindings.py).
-- Initial model: a small GPT-2 on that vocabulary, pretrained on the books' train split and cached in
-  saved_models_dir()/sentiment_mini-seed<S> for run.seed S.
+- Initial model: a small GPT-2 on that vocabulary, pretrained on the books' train split, one for every
+  run.seed; published in published/ with run.seed 1-3's labels (offline/published.py), so that every CPU
+  starts from the same weights and labels.
 - Labeler: VADER (vader.py), a published sentiment model, picks the most positive of the initial
   policy's 4 responses to each query: the paper's sentiment instructions with VADER in the labelers' seat.
 

@@ -70,3 +70,23 @@ def describe(device=None):
     reason = bf16_off_reason()
     bf16 = 'bf16 native' if reason is None else f'bf16 not native: {reason}'
     return f'CPU ({threads} thread{"s" if threads != 1 else ""}, {kernels()} kernels, {bf16})'
+
+
+def chip():
+    """The CPU's model name and its widest products from /proc/cpuinfo ('Intel(R) Xeon(R) Processor, AMX in its
+    flags'), '' where there is none: a virtual machine's name may not say the family, its flags do."""
+    if not os.path.isfile('/proc/cpuinfo'):
+        return ''
+    with open('/proc/cpuinfo') as f:
+        info = f.read().splitlines()
+    name = next((line.split(':', 1)[1].strip() for line in info if line.startswith('model name')), '')
+    flags = set(next((line.split(':', 1)[1].split() for line in info if line.startswith('flags')), []))
+    kind = ('AMX' if 'amx_bf16' in flags else 'AVX512-BF16' if 'avx512_bf16' in flags else
+            'AVX512' if 'avx512f' in flags else 'AVX2' if 'avx2' in flags else '')
+    return ', '.join(part for part in (name, kind and f'{kind} in its flags') if part)
+
+
+def runs_on(device):
+    """describe() and, on a CPU, the chip(): where a result was made (its kernels round it)."""
+    model = chip() if torch.device(device).type == 'cpu' else ''
+    return describe(device) + (f' on {model}' if model else '')

@@ -29,9 +29,11 @@ EXPERIMENT = experiment.OfflineExperiment(
                                               score=f"How many letters '{RULE_LETTER}' does this response have "
                                                     f"(1: none, 7: seven or more)?",
                                               difference=f"Which response has more letters '{RULE_LETTER}'?")),
-    # So small a model is bound by per-op overhead: one thread is never far off, where spinning OpenMP threads
-    # slow every step down many times when other processes share the cores.
-    cpu_threads=1,
+    # Two threads: the demo's whole command took 64 s against one thread's 102 on 2 idle cores (an AMX Xeon,
+    # benchmarks/demo_threads.py; train_reward 15 against 25 s, PPO 39 against 64): its products are large enough
+    # to split. Other numbers by rounding (the products block otherwise), the same learning. On cores shared with
+    # other work, LMHP_CPU_THREADS=1: spinning OpenMP threads slow every step many times there.
+    cpu_threads=2,
     encoding_note=" (the original's 26 letters and '.'): a model of GPT-2's BPE (`main`, a Hugging Face GPT-2 "
                   "included) runs on the sentiment_mini experiment or the paper's tasks",
     # The initial model and run.seed 1's labels (published/published.json: 1.6 MB of weights, 0.16 MB of gzipped

@@ -16,6 +16,7 @@
 import itertools
 import json
 import os
+import textwrap
 
 import numpy as np
 
@@ -438,7 +439,7 @@ def plot(rows, path, *, kl_budgets, title):
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel('KL(π ‖ ρ), nats a response (log scale)')
     ax.set_ylabel("VADER gain, sd of the initial policy's scores")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 100), fontsize=10)  # a long --arms list: wrapped, not cut off
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc='best')
     _save(fig, path)
@@ -471,7 +472,7 @@ def plot_labels(rows, path, budget=6.0, *, title='', default_labels=None):
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel('labels (log scale)')
     ax.set_ylabel(f"VADER gain at {budget:g} nats, sd of the\ninitial policy's scores (mean ± sd over seeds)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(textwrap.fill(title, 100), fontsize=10)  # a long --arms list: wrapped, not cut off
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc='best')
     _save(fig, path)

@@ -3,6 +3,7 @@ the policy's samples score higher by the rule after PPO, and the reward model be
 unit tests (the labels' ties and format) are in tests/test_offline.py."""
 import dataclasses
 import json
+import os
 import re
 import subprocess
 import sys
@@ -140,8 +141,10 @@ def test_short_demo_learns(tmp_path, short_demo, capsys):
     assert report['kl_target'] == 4.0 and report['ppo_batches'] == 30 and report['kl'] > 0
     assert list(report['phase_times_s']) == ['initial model', 'labels', 'train_reward', 'train_policy', 'report samples']
     assert sum(report['phase_times_s'].values()) <= report['wall_time_s']
-    if not torch.cuda.is_available():  # what it ran on: the demo's one thread, this CPU's kernels and bf16
-        assert report['runs_on'] == 'CPU (1 thread, ' + cpu.describe('cpu').split(', ', 1)[1]
+    if not torch.cuda.is_available():  # what it ran on: the demo's threads, this CPU's kernels and bf16
+        threads = int(os.environ.get('LMHP_CPU_THREADS', demo.EXPERIMENT.cpu_threads))
+        assert report['runs_on'] == (f"CPU ({threads} thread{'s' if threads != 1 else ''}, "
+                                     + cpu.describe('cpu').split(', ', 1)[1])
 
     # The learning curves were plotted at the end of both trainers, and all of them in the demo's figure.
     for png in ('train_reward_curves.png', 'train_policy_curves.png', 'demo_curves.png'):

@@ -259,7 +259,7 @@ def test_demo_model_same_for_any_number_of_processes(tmp_path):
     runs = {procs: run('train_policy', 'demo', tmp_path, f'procs{procs}', procs=procs, **args) for procs in (1, 4)}
     one, four = outcome(runs[1], 'policy'), outcome(runs[4], 'policy')
     start = checkpoints.load_checkpoint(initial)
-    assert max((one['model'][k] - start[k]).abs().max().item() for k in start) > 1e-3
+    assert max((one['model'][k] - start[k]).abs().max().item() for k in start) > 3e-4  # 3 batches, 2 epochs each
     assert_same(one, four)
     reports = [json.loads((runs[p] / 'demo_report.json').read_text()) for p in (1, 4)]
     rule_scores = [{k: v for k, v in report.items() if k.startswith('rule_')} for report in reports]

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from lm_human_preferences import demo
+
 pytestmark = pytest.mark.slow  # an end-to-end run: the full suite only
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,4 +33,4 @@ def test_roofline_counts_times_and_profiles_each_phase(tmp_path):
         kinds = row['profile']['kinds_s']
         assert 'block products' in kinds and 'Python, dispatch (wall - ops)' in kinds
         assert sum(kinds.values()) == pytest.approx(row['profile']['wall_s'], rel=0.05)
-    assert '| demo | ppo_scoring | 1 |' in proc.stdout
+    assert f'| demo | ppo_scoring | {demo.EXPERIMENT.cpu_threads} |' in proc.stdout  # the demo's threads

@@ -132,10 +132,11 @@ def launch_publish(exp, save_dirs):
     if exp not in offline_experiments.NAMES:
         raise ConfigError(f"publish: {exp!r} is no offline experiment (choose from: {', '.join(offline_experiments.NAMES)})")
     dirs = [d for d in save_dirs.split(',') if d]
-    missing = [d for d in dirs if not os.path.isfile(os.path.join(d, f'{exp}_labels.json'))]
+    needed = (f'{exp}_labels.json', 'train_reward_hparams.json')
+    missing = [d for d in dirs if not all(os.path.isfile(os.path.join(d, name)) for name in needed)]
     if not dirs or missing:
         raise ConfigError(f"publish: {', '.join(missing) or repr(save_dirs)}: a save dir of a finished {exp} run "
-                          f"(with its {exp}_labels.json) is needed")
+                          f"(with its {' and '.join(needed)}) is needed")
     from lm_human_preferences.offline import published
     published.publish(offline_experiments.experiment(exp), dirs)
 

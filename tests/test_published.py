@@ -108,8 +108,8 @@ def test_the_miniatures_published_files_are_what_its_runs_ask_for():
         assert len(records) == num_labels and sorted(records[0]) == ['best', 'query'] + [f'sample{i}' for i in range(4)]
     # The published model is the pretraining's whole output: the weights every key names.
     index = json.loads((Path(exp.published) / published.INDEX).read_text())
-    weights = published._weights(model.path)
-    assert len(weights) == 1 and {e['key']['initial_model'] for e in index['labels']} == set(weights)
+    assert len(list(Path(model.path, 'checkpoints').glob('*.safetensors'))) == 1
+    assert {e['key']['initial_model'] for e in index['labels']} == {published.weights_sha256(model.path)}
 
 
 
@@ -117,6 +117,9 @@ def test_publish_refuses_another_experiment_or_a_dir_without_its_labels(tmp_path
     with pytest.raises(ConfigError, match=r"^publish: 'books' is no offline experiment \(choose from: demo, "
                                           r"sentiment_mini\)$"):
         launch_commands.launch_publish('books', str(tmp_path))
-    with pytest.raises(ConfigError, match=rf"^publish: {tmp_path}: a save dir of a finished demo run \(with its "
-                                          r"demo_labels.json\) is needed$"):
-        launch_commands.launch_publish('demo', str(tmp_path))
+    for present in ([], ['demo_labels.json']):  # neither, or the labels without the run's reward hparams
+        for name in present:
+            (tmp_path / name).write_text('[]')
+        with pytest.raises(ConfigError, match=rf"^publish: {tmp_path}: a save dir of a finished demo run \(with its "
+                                              r"demo_labels.json and train_reward_hparams.json\) is needed$"):
+            launch_commands.launch_publish('demo', str(tmp_path))

@@ -137,12 +137,11 @@ def prepare_reward_training(exp: OfflineExperiment, hparams: train_reward_module
         found, cached = published.labels(exp, key), cache_path(exp, key)
         if found:
             made = f"the experiment's published labels, {found.made}"
+        elif utils.mpi_bcast(os.path.isfile(cached)):
+            made = f'copied from {cached}, made by an earlier run of this seed, initial model and task'
         else:
-            if utils.mpi_bcast(os.path.isfile(cached)):
-                made = f'copied from {cached}, made by an earlier run of this seed, initial model and task'
-            else:
-                make_labels(exp, hparams, cached, num_labels=num_labels, seed=seed)
-                made = f'made in {time.time() - started:.0f}s, kept in {cached} for a rerun'
+            make_labels(exp, hparams, cached, num_labels=num_labels, seed=seed)
+            made = f'made in {time.time() - started:.0f}s, kept in {cached} for a rerun'
         if ranks.is_root():
             os.makedirs(save_dir, exist_ok=True)
             files.atomic_write(path, published.read_labels(found.path) if found else Path(cached).read_bytes())

@@ -227,7 +227,9 @@ def ensure_pretrained(exp):
     """Make model_dir(exp) unless it holds a model made from the experiment's pretraining hparams, encoding and
     corpus; collective (rank 0 trains, the others wait). Returns the dir: the experiment's published model where it
     was made from the same (published.py), on every CPU."""
-    found = published.initial_model(exp, _pretrain_key(exp, exp.pretrain))
+    p = exp.pretrain
+    key = _pretrain_key(exp, p)  # every rank: the same key, so the same answer below
+    found = published.initial_model(exp, key)
     if found:
         if ranks.is_root():
             print(f"{exp.name}: the experiment's published initial model, {found.made} (every CPU starts from "
@@ -245,8 +247,6 @@ def ensure_pretrained(exp):
         with open(key_path) as f:
             cached = json.load(f)
     try:
-        p = exp.pretrain
-        key = _pretrain_key(exp, p)
         if cached == key and checkpoints.latest_checkpoint(out_dir) is not None:
             print(f'{exp.name}: using the pretrained initial model in {out_dir}')
         else:

@@ -97,7 +97,7 @@ def publish(exp, save_dirs):
         if 'initial_model' not in index:
             shutil.copytree(model_dir, target)
             index['initial_model'] = dict(kind='initial_model', dir='initial_model', key=model_key, made=made)
-        elif index['initial_model']['key'] != model_key or _weights(model_dir) != _weights(target):
+        elif index['initial_model']['key'] != model_key or weights_sha256(model_dir) != weights_sha256(target):
             raise ValueError(f'{save_dir}: its initial model ({model_dir}) is not the published one ({target}): '
                              f'publish runs of one initial model')
         seed = hparams.run.seed or 0
@@ -116,8 +116,9 @@ def publish(exp, save_dirs):
         f.write('\n')
 
 
-def _weights(model_dir):
+def weights_sha256(model_dir):
+    """The sha256 of a model dir's checkpoint, as labels.labels_key names an initial model."""
+    from lm_human_preferences.language import checkpoints
     from lm_human_preferences.utils import files
-    return sorted(files.sha256_file(os.path.join(root, f)) for root, _, names in os.walk(model_dir)
-                  for f in names if f.endswith('.safetensors'))
+    return files.sha256_file(checkpoints.latest_checkpoint(model_dir))
 

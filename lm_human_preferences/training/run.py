@@ -33,7 +33,7 @@ import torch
 from lm_human_preferences.language import checkpoints
 from lm_human_preferences.utils import core, cpu, files, finite, hyperparams, ranks, stopping
 from lm_human_preferences.training import plots, progress, run_compatibility, state_files, train_state
-from lm_human_preferences.training.run_folders import SCOPES, remove_temporaries
+from lm_human_preferences.training.run_folders import SCOPES
 from lm_human_preferences.utils.folder_lock import SaveDirInUseError, locked_save_dir
 from lm_human_preferences.training.stats_log import StatsLog, wandb_run
 
@@ -80,7 +80,7 @@ class Run:
                 self._created += [d for d in (self.save_dir, self.model_dir) if not os.path.exists(d)]
                 os.makedirs(self.model_dir, exist_ok=True)
                 self._lock.enter_context(locked_save_dir(self.save_dir))
-                remove_temporaries(self.save_dir)
+                files.remove_stale_temporaries_in_tree(self.save_dir)
                 self.stats.read()
                 if not existing:
                     hyperparams.save_json(hparams, os.path.join(self.save_dir, f'{kind}_hparams.json'))

@@ -1,5 +1,5 @@
 """Ours: a run's folders: what a save dir holds (its lock, held by the process that carries rank 0, so that two runs
-never write one save dir: utils/folder_lock.py); the run folder a path is in; the temporaries killed writers left.
+never write one save dir: utils/folder_lock.py); the run folder a path is in.
 
 What a save dir holds for a trainer (<scope> is `reward_model` or `policy`):
 
@@ -16,7 +16,6 @@ What a save dir holds for a trainer (<scope> is `reward_model` or `policy`):
 import os
 
 from lm_human_preferences.training import state_files
-from lm_human_preferences.utils import files
 
 
 # Each trainer's folder in the save dir, its model dir.
@@ -34,11 +33,3 @@ def run_folder_of(path):
         if os.path.dirname(path) == path:
             return None
         path = os.path.dirname(path)
-
-
-def remove_temporaries(save_dir):
-    """Temporary files (`*.tmp-<pid>`) that killed writers left anywhere in the save dir: with the lock
-    held no writer of ours is at work there."""
-    for directory, _, names in os.walk(save_dir):
-        if any(files.TMP_RE.fullmatch(n) for n in names):
-            files.remove_stale_temporaries(directory)

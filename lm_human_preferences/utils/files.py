@@ -77,3 +77,11 @@ def remove_stale_temporaries(directory):
             os.remove(os.path.join(directory, name))
             removed.append(name)
     return removed
+
+
+def remove_stale_temporaries_in_tree(root):
+    """remove_stale_temporaries in root and every folder below it (a run's save dir, its lock held: no writer
+    of ours is at work there)."""
+    for directory, _, names in os.walk(root):
+        if any(TMP_RE.fullmatch(n) for n in names):
+            remove_stale_temporaries(directory)

@@ -91,8 +91,8 @@ OTHER_MODULES = [
     ('—', '`lm_human_preferences/utils/distributed.py`',
      "new: torch.distributed's collectives over processes, which `core`'s MPI functions are written with"),
     ('—', '`lm_human_preferences/utils/stopping.py`, `files.py`, `folder_lock.py`, `optional_deps.py`',
-     "new: stop signals (the launcher's and the run's); atomic writes, the pickle guard; a folder's lock (a save "
-     "dir's, a labeling session's); optional dependencies"),
+     "new: stop signals (the launcher's and the run's); atomic writes and their killed writers' temporaries removed, "
+     "the pickle guard; a folder's lock (a save dir's, a labeling session's); optional dependencies"),
     ('—', '`lm_human_preferences/utils/categorical.py`',
      "new: TF's Multinomial algorithm for `core.sample_from_logits`; logprobs and entropies in one pass"),
     ('—', '`lm_human_preferences/utils/passes.py`',

@@ -163,6 +163,30 @@ def test_short_demo_learns(tmp_path, short_demo, capsys):
     assert len(query) > 10 and set(query + response) <= set('abcdefghijklmnopqrstuvwxyz.')
 
 
+@pytest.mark.parametrize('load, threads, env, warned', [
+    (1.0, 2, None, True),    # one core's other work beside two threads on two cores
+    (0.2, 2, None, False),   # idle cores
+    (1.0, 1, None, False),   # one thread splits nothing
+    (1.0, 2, '2', False),    # the user chose the threads
+])
+def test_busy_cores_are_one_line_naming_the_setting(monkeypatch, capsys, load, threads, env, warned):
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1})
+    monkeypatch.setattr(os, 'getloadavg', lambda: (load, load, load))
+    if env is None:
+        monkeypatch.delenv('LMHP_CPU_THREADS', raising=False)
+    else:
+        monkeypatch.setenv('LMHP_CPU_THREADS', env)
+    exp = dataclasses.replace(demo.EXPERIMENT, cpu_threads=threads)
+    saved = torch.get_num_threads()
+    with experiment.cpu_threads(exp):
+        assert torch.get_num_threads() == int(env or threads)
+    assert torch.get_num_threads() == saved
+    lines = [line for line in capsys.readouterr().out.splitlines() if 'LMHP_CPU_THREADS=1' in line]
+    assert len(lines) == (1 if warned else 0), lines
+    if warned:
+        assert lines[0].startswith(f'demo: {threads} threads on 2 cores') and 'load average 1.0' in lines[0]
+
+
 def test_the_report_says_who_labelled():
     """The report names who gave the reward model's labels and, where that was not the program that scores the
     samples (people on the page, a label file, the online loop's rounds), both: the program is not credited with

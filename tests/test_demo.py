@@ -168,10 +168,14 @@ def test_short_demo_learns(tmp_path, short_demo, capsys):
     (0.2, 2, None, False),   # idle cores
     (1.0, 1, None, False),   # one thread splits nothing
     (1.0, 2, '2', False),    # the user chose the threads
+    (None, 2, None, False),  # a platform without a load average (Windows): no line, no error
 ])
 def test_busy_cores_are_one_line_naming_the_setting(monkeypatch, capsys, load, threads, env, warned):
-    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1})
-    monkeypatch.setattr(os, 'getloadavg', lambda: (load, load, load))
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1}, raising=False)
+    if load is None:
+        monkeypatch.delattr(os, 'getloadavg', raising=False)
+    else:
+        monkeypatch.setattr(os, 'getloadavg', lambda: (load, load, load))
     if env is None:
         monkeypatch.delenv('LMHP_CPU_THREADS', raising=False)
     else:

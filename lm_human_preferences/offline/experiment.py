@@ -176,24 +176,16 @@ def cpu_threads(exp: OfflineExperiment):
     saved = torch.get_num_threads()
     threads = int(os.environ.get('LMHP_CPU_THREADS', exp.cpu_threads))
     torch.set_num_threads(threads)
-    if 'LMHP_CPU_THREADS' not in os.environ and ranks.process_index() == 0:
-        warn_busy_cores(exp.name, threads)
+    busy = None if 'LMHP_CPU_THREADS' in os.environ else cpu.busy_cores(threads)
+    if busy and ranks.process_index() == 0:
+        cores, load = busy
+        print(f'{exp.name}: {threads} threads on {cores} cores that other work keeps busy (load average {load:.1f}): '
+              f'LMHP_CPU_THREADS=1 runs faster there (the demo beside two one-core jobs: 763 s with 2 threads, 236 s '
+              f'with 1)')
     try:
         yield
     finally:
         torch.set_num_threads(saved)
-
-
-def warn_busy_cores(name, threads):
-    """One line when other work already keeps this process's cores busy (the last minute's load average, taken before
-    ours starts): there, threads that split each product wait on each other at every step (libgomp's spinning
-    workers and the other work's threads take turns), many times slower than one thread."""
-    cores = len(os.sched_getaffinity(0))
-    load = os.getloadavg()[0]
-    if threads > 1 and load + threads > cores + 0.5:
-        print(f'{name}: {threads} threads on {cores} cores that other work keeps busy (load average {load:.1f}): '
-              f'LMHP_CPU_THREADS=1 runs faster there (the demo beside two one-core jobs: 763 s with 2 threads, 236 s '
-              f'with 1)')
 
 
 # What rerunning the same command does after a stop in a phase (the trainers and the pretraining say it

@@ -86,6 +86,18 @@ def chip():
     return ', '.join(part for part in (name, kind and f'{kind} in its flags') if part)
 
 
+def busy_cores(threads):
+    """(cores, load) where `threads` intra-op threads would share this process's cores with other work already running
+    (the last minute's load average, taken before ours starts), else None; None too where the platform has no load
+    average. There each product's threads wait on each other at every step (libgomp's spinning workers and the other
+    work's threads take turns), many times slower than one thread."""
+    if threads <= 1 or not hasattr(os, 'getloadavg'):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1
+    load = os.getloadavg()[0]
+    return (cores, load) if load + threads > cores + 0.5 else None
+
+
 def runs_on(device):
     """describe() and, on a CPU, the chip(): where a result was made (its kernels round it)."""
     model = chip() if torch.device(device).type == 'cpu' else ''

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from lm_human_preferences import demo
 from lm_human_preferences.frontier import sweep, table
@@ -338,7 +339,7 @@ def test_ppos_score_is_what_best_of_n_picks_by():
     assert score.tolist() == [5.0, 1.0, -1.0]
 
     calls = []
-    def rows(exp, hparams, *, n, queries, seed):
+    def rows(exp, hparams, *, n, queries, seed, samples=None):
         calls.append((n, queries))
         return ([dict(k=k, reward_model_pick=9.0, reward_model_pick_std=1.0, ppo_score_pick=2.0 + k / 1000,
                       ppo_score_pick_std=0.5) for k in (1, 2, 4, 8)], torch.full((queries, n), 1.0 + n / 1000))
@@ -381,11 +382,14 @@ def test_the_label_axis_trains_on_a_prefix_and_holds_out_the_same_labels(tmp_pat
     plan = s.runs()
     expected = sum(sweep.ESTIMATED_SECONDS[r.arm] for r in plan)
     expected += 2 * sweep.ESTIMATED_SECONDS['reward']  # the seed's two reward models: 8 and 16 labels
+    # best-of-n's second run of the seed ranks the samples its first drew
+    expected -= (1 - sweep.BEST_OF_N_RANKING_SHARE) * sweep.ESTIMATED_SECONDS['best_of_n']
     assert s.plan_line(plan).startswith(f'frontier: {len(plan)} runs, 0 finished earlier; the rest about '
                                         f'{expected / 3600:.1f} h (with 2 reward models;')
     # DPO's time is its pairs': on 8 of 16 labels, half a run's
     assert s.label_share(sweep.Planned('dpo', 1, 0.4, labels=8)) == 0.5
     assert s.label_share(sweep.Planned('ppo', 1, 0.2, labels=8)) == 1.0
+    assert s.label_share(sweep.Planned('best_of_n', 1, None, labels=8), draws=False) == sweep.BEST_OF_N_RANKING_SHARE
     # a PPO run finished in --out (of another point than the plan's): its time stands for PPO's runs
     other = tmp_path / 'out' / 'seed1' / 'ppo-kl_coef9'
     other.mkdir(parents=True)
@@ -398,6 +402,40 @@ def test_the_label_axis_trains_on_a_prefix_and_holds_out_the_same_labels(tmp_pat
     (reward_dir / 'demo_labels.json').write_text(json.dumps(records))
     made = json.loads(Path(s.label_prefix_file(1, 8)).read_text())
     assert made == records[:8] + records[16:]
+
+
+@pytest.mark.slow  # two toy reward models and two best-of-n runs
+def test_best_of_n_draws_its_samples_once_a_seed_for_every_label_count(tmp_path, toy_demo, monkeypatch):
+    """The label axis's best-of-n runs rank one draw of the seed's samples (seed1/best_of_n_samples), each by its own
+    reward model; ranked again from the file, they give the rows a fresh draw gives; a file of other settings is
+    refused in one line."""
+    from lm_human_preferences.frontier import evaluate
+    from lm_human_preferences.offline import report
+    draws = []
+    def counted(*args, **kwargs):
+        draws.append(kwargs['n'])
+        return report.best_of_n_samples(*args, **kwargs)
+    monkeypatch.setattr(evaluate, 'best_of_n_samples', counted)
+    frontier(tmp_path, arms='best_of_n', points='best_of_n=2,4', labels='8,16')
+    assert draws == [4]  # the labels-8 run drew them, the 16-label run read them back
+    kept = tmp_path / 'out' / 'seed1' / 'best_of_n_samples' / 'n4-queries4.safetensors'
+    assert [p.name for p in kept.parent.iterdir()] == [kept.name]
+    done = {name: json.loads((tmp_path / 'out' / 'seed1' / name / sweep.DONE).read_text())
+            for name in ('best_of_n', 'best_of_n-labels8')}
+    assert {name: d['drew_samples'] for name, d in done.items()} == {'best_of_n': False, 'best_of_n-labels8': True}
+    s = toy_sweep(tmp_path)
+    hparams = s.seed_hparams(1)
+    identity = dict(experiment='demo', seed=1, initial_model=s.reward_fingerprints(s.reward_dir(1))['initial model'])
+    samples = evaluate.kept_best_of_n_samples(toy_demo, hparams.task, n=4, queries=4, seed=1,
+                                              samples_dir=str(kept.parent), identity=identity)
+    assert draws == [4]
+    fresh = report.best_of_n_rows(toy_demo, hparams, n=4, queries=4, seed=1)
+    assert report.best_of_n_rows(toy_demo, hparams, n=4, queries=4, seed=1, samples=samples)[0] == fresh[0]
+    assert torch.equal(samples['labeler_scores'], fresh[1])
+    with pytest.raises(ValueError, match=r'n4-queries4\.safetensors holds best-of-n samples of other settings \(.*'
+                                         r'"seed": 1.*this run: .*"seed": 2.*remove it to draw them again'):
+        evaluate.kept_best_of_n_samples(toy_demo, hparams.task, n=4, queries=4, seed=2, samples_dir=str(kept.parent),
+                                        identity=dict(identity, seed=2))
 
 
 def test_a_reward_model_of_other_settings_or_labels_is_refused(tmp_path, toy_demo, monkeypatch):

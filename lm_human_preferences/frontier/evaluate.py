@@ -5,14 +5,20 @@ best-of-n's points. Every arm's gain is against one baseline a seed (seed_baseli
 the test queries, computed once and stored). One process."""
 
 import dataclasses
+import json
 import math
+import os
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import save
 
 from lm_human_preferences import lm_tasks
 from lm_human_preferences.offline.labels import frozen_policy, rank_generator
-from lm_human_preferences.offline.report import best_of_n_rows, reward_model_on_samples, sample_scores, score_report
+from lm_human_preferences.offline.report import (best_of_n_rows, best_of_n_samples, reward_model_on_samples,
+                                                 sample_scores, score_report)
+from lm_human_preferences.utils import files
 
 KL_BATCH = 256  # queries sampled at a time for the KL
 # Best-of-n: every n up to this on all the test queries; a larger n on a prefix of them with as many samples (n x
@@ -73,7 +79,28 @@ def policy_point(exp, hparams, trained, run_dir, *, seed, baseline, report=None)
                 rm_trained=report['rm_accuracy_trained_samples'])
 
 
-def best_of_n_points(exp, hparams, ns, run_dir, *, queries, seed, baseline):
+def kept_best_of_n_samples(exp, task, *, n, queries, seed, samples_dir, identity):
+    """report.best_of_n_samples, drawn once and kept in samples_dir/n<n>-queries<q>.safetensors with `identity` (what
+    they depend on: the experiment, the seed, the initial model's weights) and the task in its header; read back by
+    every later best-of-n run of the seed, so the label axis ranks the same samples by each reward model (scoring them
+    takes about a fifth of drawing them: sweep.BEST_OF_N_RANKING_SHARE). A file of another identity is refused in one line."""
+    path = os.path.join(samples_dir, f'n{n}-queries{queries}.safetensors')
+    task_fields = dataclasses.asdict(task)
+    del task_fields['policy']['initial_model']  # the weights' sha256 in identity stands for it, wherever it lies
+    header = json.dumps(dict(identity, task=task_fields, n=n, queries=queries), sort_keys=True)
+    if os.path.isfile(path):
+        with safe_open(path, 'pt') as f:
+            if f.metadata().get('identity') != header:
+                raise ValueError(f'{path} holds best-of-n samples of other settings ({f.metadata().get("identity")}; '
+                                 f'this run: {header}): remove it to draw them again')
+            return {name: f.get_tensor(name) for name in f.keys()}
+    samples = best_of_n_samples(exp, task, n=n, queries=queries, seed=seed)
+    os.makedirs(samples_dir, exist_ok=True)
+    files.atomic_write(path, save({k: v.contiguous() for k, v in samples.items()}, metadata=dict(identity=header)))
+    return samples
+
+
+def best_of_n_points(exp, hparams, ns, run_dir, *, queries, seed, baseline, samples_dir=None, identity=None):
     """The frontier's points of best-of-n for each n in ns (powers of 2): the labeler's score of the sample that PPO's
     score ranks first among n of the initial policy (report.best_of_n_rows's ppo_score: the reward model's score, the
     task's penalty for a sample that fails its filter, as PPO maximizes), less the mean of all the initial policy's
@@ -81,7 +108,8 @@ def best_of_n_points(exp, hparams, ns, run_dir, *, queries, seed, baseline):
     test queries (the other arms' 1,024), a larger n on the first queries x ALL_QUERIES_MAX_N / n of them (as many
     samples). Its KL the bound log n - (n - 1) / n (best-of-n's KL from the initial policy is at most that, and close
     to it: Beirami et al. 2024); the reward model's accuracy on the initial policy's samples (its own are the initial
-    policy's, filtered: not measured)."""
+    policy's, filtered: not measured). With samples_dir, its samples are kept there and read back
+    (kept_best_of_n_samples)."""
     unit = baseline['std']
     rm_initial = reward_model_on_samples(exp, hparams, run_dir, seed=seed,
                                          trained=hparams.task.policy.initial_model)['rm_accuracy_initial_samples']
@@ -91,7 +119,10 @@ def best_of_n_points(exp, hparams, ns, run_dir, *, queries, seed, baseline):
         if not tier:
             continue
         tier_queries = max(1, queries * ALL_QUERIES_MAX_N // max(tier)) if max(tier) > ALL_QUERIES_MAX_N else queries
-        rows, scores = best_of_n_rows(exp, hparams, n=max(tier), queries=tier_queries, seed=seed)
+        samples = None if samples_dir is None else kept_best_of_n_samples(
+            exp, hparams.task, n=max(tier), queries=tier_queries, seed=seed, samples_dir=samples_dir,
+            identity=identity)
+        rows, scores = best_of_n_rows(exp, hparams, n=max(tier), queries=tier_queries, seed=seed, samples=samples)
         start = float(scores.mean())  # best-of-1 on these queries: the initial policy's mean there
         by_k = {row['k']: row for row in rows}
         points += [dict(value=n, gain=(by_k[n]['ppo_score_pick'] - start) / unit,

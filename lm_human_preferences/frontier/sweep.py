@@ -11,6 +11,7 @@
     <out>/seed<S>/ppo_4x-.../        the same with 4 times the episodes
     <out>/seed<S>/online-kl_coef<C>/ `launch.py train_policy EXP ... --online.retrains 3` on the same labels budget
     <out>/seed<S>/best_of_n/         every n at once (the first n samples of the largest n)
+    <out>/seed<S>/best_of_n_samples/ those samples, drawn once a seed: each label count's reward model ranks them
     <out>/seed<S>/initial_hf/        the seed's initial model as a Hugging Face folder, for DPO
     <out>/seed<S>/dpo-beta<B>/       TRL's DPOTrainer (trl/: its checkpoints; policy_hf/: the trained model)
 A run of another learning rate or label count than the arm's default has -lr<R> / -labels<N> after its knob's value.
@@ -60,6 +61,9 @@ LABEL_ARMS = (*PPO_ARMS, 'best_of_n', 'dpo')
 # before any run of the arm has finished in --out: PPO 2.5 min, 4x the episodes 10; online 17; best-of-n on 1,024
 # queries (512k samples) ~35; DPO on PPO's objective (about half the pairs kept) ~26; a seed's first reward model
 # (its initial model, labels) ~15, one on a prefix of its labels ~2.
+# A best-of-n run that ranks its seed's kept samples by another reward model takes this share of one that draws them
+# (sentiment_mini on one core: 1.2 s to score a column of 1,024 samples against 5.5 s to draw, label and score it).
+BEST_OF_N_RANKING_SHARE = 0.2
 ESTIMATED_SECONDS = dict(ppo=150, ppo_nofilter=150, ppo_4x=600, online=1020, best_of_n=2100, dpo=1560, reward=900)
 ATTEMPTS = 'frontier_attempts.json'  # a run's processes' start times, so that a resumed run's time is summed
 
@@ -227,11 +231,17 @@ class Sweep:
                 identity = finished.get('identity', {})
                 if 'seconds' in finished and identity.get('arm') in ARMS:
                     share = self.label_share(Planned(identity['arm'], identity['seed'], identity.get('value'),
-                                                     labels=identity.get('labels')))
+                                                     labels=identity.get('labels')),
+                                             draws=finished.get('drew_samples', True))
                     measured.setdefault(identity['arm'], []).append(finished['seconds'] / share)
-        seconds = sum(self.label_share(run) * (sum(measured[run.arm]) / len(measured[run.arm]) if run.arm in measured
-                                               else ESTIMATED_SECONDS[run.arm])
-                      for run, finished in done.items() if finished is None)
+        drawn = {seed for seed in self.seeds if self.best_of_n_samples_kept(seed)}
+        seconds = 0.0
+        for run, finished in done.items():
+            if finished is None:
+                share = self.label_share(run, draws=run.arm == 'best_of_n' and run.seed not in drawn)
+                seconds += share * (sum(measured[run.arm]) / len(measured[run.arm]) if run.arm in measured
+                                    else ESTIMATED_SECONDS[run.arm])
+                drawn |= {run.seed} if run.arm == 'best_of_n' else set()
         rewards = {(run.seed, run.labels) for run, finished in done.items() if finished is None and run.arm != 'online'
                    and read_done(self.reward_dir(run.seed, run.labels)) is None}
         seconds += len(rewards) * ESTIMATED_SECONDS['reward']
@@ -240,8 +250,11 @@ class Sweep:
                 f'(with {len(rewards)} reward models; at the mean time of each arm\'s finished runs here, else on two '
                 f'cores of an AMD EPYC Zen 4: frontier/sweep.py ESTIMATED_SECONDS)')
 
-    def label_share(self, run):
-        """A run's labels against the full count: DPO's time is its pairs'."""
+    def label_share(self, run, draws=True):
+        """A run's time against its arm's run at the full label count: DPO's is its pairs'; best-of-n's, when it ranks
+        the samples a run of its seed drew earlier (not `draws`), BEST_OF_N_RANKING_SHARE."""
+        if run.arm == 'best_of_n':
+            return 1.0 if draws else BEST_OF_N_RANKING_SHARE
         return 1.0 if run.arm != 'dpo' or run.labels is None else run.labels / self.num_train
 
     def check_same(self, done, run, run_dir):
@@ -264,11 +277,12 @@ class Sweep:
         if run.arm != 'online':
             self.ensure_reward_model(run.seed, run.labels)
         baseline = self.ensure_baseline(run.seed)
+        draws = run.arm == 'best_of_n' and not self.best_of_n_samples_kept(run.seed)
         command, points = getattr(self, f'run_{"ppo" if run.arm in PPO_ARMS else run.arm}')(run, run_dir, baseline)
         for point in points:  # (its lr and labels: the identity's, which the table reads)
             point.update(baseline_mean=baseline['mean'], baseline_std=baseline['std'])
         return dict(identity=self.identity(run), command=self.frontier_line(run), trainer_command=command,
-                    runs_on=runs_on(), points=points)
+                    runs_on=runs_on(), points=points, **({'drew_samples': draws} if run.arm == 'best_of_n' else {}))
 
     def frontier_line(self, run):
         """The command that makes this run again, from the repository (its --out when that lies inside it; else the
@@ -430,14 +444,26 @@ class Sweep:
         os.makedirs(run_dir, exist_ok=True)
         hparams = self.seed_hparams(run.seed, run.labels)
         with offline_engine.cpu_threads(self.exp):
+            identity = dict(experiment=self.exp_name, seed=run.seed,
+                            initial_model=self.reward_fingerprints(self.reward_dir(run.seed))['initial model'])
             points = evaluate.best_of_n_points(self.exp, hparams, self.points['best_of_n'], run_dir,
-                                               queries=self.best_of_n_queries, seed=run.seed, baseline=baseline)
+                                               queries=self.best_of_n_queries, seed=run.seed, baseline=baseline,
+                                               samples_dir=self.best_of_n_samples_dir(run.seed),
+                                               identity=identity)
         reward_model = os.path.relpath(hparams.rewards.trained_model, self.out)
         command = (f"python sample.py best_of_n --save_dir <a train_policy run of seed {run.seed} with "
                    f"--rewards.trained_model $OUT/{reward_model}> --n N --queries Q --seed {run.seed} (its ppo_score "
                    f"column; n up to {evaluate.ALL_QUERIES_MAX_N} on {self.best_of_n_queries} queries, larger n on "
                    f"queries x {evaluate.ALL_QUERIES_MAX_N} / n)")
         return command, points
+
+    def best_of_n_samples_dir(self, seed):
+        """One draw of best-of-n's samples a seed, ranked by each label count's reward model (evaluate.py)."""
+        return os.path.join(self.seed_dir(seed), 'best_of_n_samples')
+
+    def best_of_n_samples_kept(self, seed):
+        path = self.best_of_n_samples_dir(seed)
+        return os.path.isdir(path) and any(name.endswith('.safetensors') for name in os.listdir(path))
 
     def run_dpo(self, run, run_dir, baseline):
         from lm_human_preferences.frontier import dpo, evaluate

@@ -49,31 +49,49 @@ def sample_scores(exp, model_name, task, *, seed):
 
 
 @torch.no_grad()
-def best_of_n_rows(exp, hparams, *, n, queries, seed):
+def best_of_n_samples(exp, task, *, n, queries, seed):
+    """What best-of-n ranks, which no reward model enters: n samples of the initial policy for each of `queries` test
+    queries (the seed's stream), postprocessed, and the labeler's scores of them. Returns dict(queries [q, query
+    length], responses [q, n, response length], labeler_scores [q, n] float64)."""
+    policy, encoder = frozen_policy(task.policy.initial_model, task)
+    postprocess = lm_tasks.postprocess_fn_from_hparams(task, encoder.padding_token)
+    sampler = lm_tasks.make_query_sampler(hparams=task, encoder=encoder, batch_size=queries, mode='test')
+    query_tokens = sampler()['tokens']
+    generator = rank_generator(seed)
+    responses, labeler_scores = [], []
+    for _ in range(n):
+        responses.append(postprocess(policy.respond(query_tokens, task.response_length, generator=generator,
+                                                    logprobs=False, chunked_vocab=True)['responses']).cpu())
+        labeler_scores.append(exp.labeler.scores(responses[-1], encoder))
+    return dict(queries=query_tokens.cpu(), responses=torch.stack(responses, dim=1),
+                labeler_scores=torch.stack(labeler_scores, dim=1))
+
+
+@torch.no_grad()
+def best_of_n_rows(exp, hparams, *, n, queries, seed, samples=None):
     """Ours, a diagnostic of how much of the labeler a run's reward model holds and how much of it PPO's
-    score keeps: n samples of the initial policy for each of `queries` test queries. For k = 1, 2, 4, ... n:
+    score keeps: n samples of the initial policy for each of `queries` test queries (best_of_n_samples, or `samples`
+    as it returns them). For k = 1, 2, 4, ... n:
     the labeler's mean score of the sample ranked first among the first k by the reward model (on the
     postprocessed sample), by PPO's score (the same, with penalty_reward_value for the samples the task's
     filter rejects) and by the labeler itself, beside best-of-k's KL from the initial policy, at most
     log k - (k - 1) / k nats (Stiennon et al. 2020; Beirami et al. 2024), against PPO's objective/kl. One process.
     Returns (rows, the labeler's scores [queries, n])."""
     task = hparams.task
-    policy, encoder = frozen_policy(task.policy.initial_model, task)
-    reward_model = rewards.TrainedRewardModel(hparams.rewards.trained_model, exp.encoding).to(utils.get_device())
+    if samples is None:
+        samples = best_of_n_samples(exp, task, n=n, queries=queries, seed=seed)
+    device = utils.get_device()
+    reward_model = rewards.TrainedRewardModel(hparams.rewards.trained_model, exp.encoding).to(device)
     score_fn = train_policy_module.make_score_fn(task, reward_model)
-    sampler = lm_tasks.make_query_sampler(hparams=task, encoder=encoder, batch_size=queries, mode='test')
-    query_tokens = sampler()['tokens']
-    generator = rank_generator(seed)
+    query_tokens = samples['queries'].to(device)
     rankings = dict(reward_model=[], ppo_score=[])
-    labeler_scores = []
-    for _ in range(n):
-        responses = policy.respond(query_tokens, task.response_length, generator=generator, logprobs=False,
-                                   chunked_vocab=True)['responses']
+    # Each column of samples as one batch, as they were drawn: the scores are those of a reward model that scored
+    # them as they came (postprocessing them again, in score_fn, leaves them as they are).
+    for responses in samples['responses'][:, :n].to(device).unbind(dim=1):
         ppo_scores, postprocessed, _ = score_fn(query_tokens, responses)
         rankings['reward_model'].append(reward_model.score_fn(query_tokens, postprocessed).float().cpu())
         rankings['ppo_score'].append(ppo_scores.float().cpu())
-        labeler_scores.append(exp.labeler.scores(postprocessed, encoder))
-    labeler_scores = torch.stack(labeler_scores, dim=1)  # [q, n]
+    labeler_scores = samples['labeler_scores'][:, :n]
     rankings = {name: torch.stack(columns, dim=1) for name, columns in rankings.items()}  # [q, n] each
     rows, k = [], 1
     while k <= n:

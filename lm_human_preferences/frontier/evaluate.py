@@ -82,8 +82,9 @@ def policy_point(exp, hparams, trained, run_dir, *, seed, baseline, report=None)
 def kept_best_of_n_samples(exp, task, *, n, queries, seed, samples_dir, identity):
     """report.best_of_n_samples, drawn once and kept in samples_dir/n<n>-queries<q>.safetensors with `identity` (what
     they depend on: the experiment, the seed, the initial model's weights) and the task in its header; read back by
-    every later best-of-n run of the seed, so the label axis ranks the same samples by each reward model (scoring them
-    takes about a fifth of drawing them: sweep.BEST_OF_N_RANKING_SHARE). A file of another identity is refused in one line."""
+    every later best-of-n run of the seed, so the label axis ranks the same samples by each reward model (scoring
+    them takes about a fifth of drawing them: sweep.BEST_OF_N_RANKING_SHARE). A file of another identity is refused
+    in one line."""
     path = os.path.join(samples_dir, f'n{n}-queries{queries}.safetensors')
     task_fields = dataclasses.asdict(task)
     del task_fields['policy']['initial_model']  # the weights' sha256 in identity stands for it, wherever it lies

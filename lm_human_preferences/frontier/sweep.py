@@ -241,7 +241,8 @@ class Sweep:
                 share = self.label_share(run, draws=run.arm == 'best_of_n' and run.seed not in drawn)
                 seconds += share * (sum(measured[run.arm]) / len(measured[run.arm]) if run.arm in measured
                                     else ESTIMATED_SECONDS[run.arm])
-                drawn |= {run.seed} if run.arm == 'best_of_n' else set()
+                if run.arm == 'best_of_n':
+                    drawn.add(run.seed)  # the seed's later best-of-n runs rank what this one draws
         rewards = {(run.seed, run.labels) for run, finished in done.items() if finished is None and run.arm != 'online'
                    and read_done(self.reward_dir(run.seed, run.labels)) is None}
         seconds += len(rewards) * ESTIMATED_SECONDS['reward']

@@ -86,8 +86,8 @@ def kept_best_of_n_samples(exp, task, *, n, queries, seed, samples_dir, identity
     them takes about a fifth of drawing them: sweep.BEST_OF_N_RANKING_SHARE). A file of another identity is refused
     in one line."""
     path = os.path.join(samples_dir, f'n{n}-queries{queries}.safetensors')
-    task_fields = dataclasses.asdict(task)
-    del task_fields['policy']['initial_model']  # the weights' sha256 in identity stands for it, wherever it lies
+    task_fields = task.to_nested_dict()  # as labels.labels_key names a task
+    task_fields['policy'].pop('initial_model')  # the weights' sha256 in identity stands for it, wherever it lies
     header = json.dumps(dict(identity, task=task_fields, n=n, queries=queries), sort_keys=True)
     if os.path.isfile(path):
         with safe_open(path, 'pt') as f:

@@ -238,7 +238,7 @@ class Sweep:
         seconds = 0.0
         for run, finished in done.items():
             if finished is None:
-                share = self.label_share(run, draws=run.arm == 'best_of_n' and run.seed not in drawn)
+                share = self.label_share(run, draws=run.seed not in drawn)
                 seconds += share * (sum(measured[run.arm]) / len(measured[run.arm]) if run.arm in measured
                                     else ESTIMATED_SECONDS[run.arm])
                 if run.arm == 'best_of_n':

@@ -16,7 +16,7 @@
 # Run it where nothing else runs (the load average is recorded beside every timing): wall times taken under load
 # mean nothing. The results (the miniature's VADER gain, KL, reward-model accuracy) do not depend on the load:
 # SEEDS="1 2 3" gives the README's table rows of a kind (the first seed's first run is the timing).
-# Run from the repository root, in the README's install; about 10 min a kind with SEEDS=1.
+# Run from the repository root, in the README's install; about 6 min a kind with SEEDS=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TABLE_ONLY=0

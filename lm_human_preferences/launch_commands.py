@@ -186,8 +186,7 @@ def frontier_command(train_policy, train_reward, policy_experiments):
                            + ([f"--lr '{lr}'"] if lr else []) + ([f'--labels {labels}'] if labels else [])
                            + [f'--{k} {v}' for k, v in extra_hparams.items()])
         bound = {k: v for k, v, _ in get_trials(policy_experiments(), 'frontier', exp)[0] if k is not None}
-        num_train = int(extra_hparams.get(sweep.REWARD_PREFIX + 'labels.num_train',
-                                          bound[sweep.REWARD_PREFIX + 'labels.num_train']))
+        num_train = sweep.labels_num_train(exp, extra_hparams, bound)
         if not table_only:
             sweep.Sweep(offline_experiments.experiment(exp), out, arms=arm_list, seeds=seed_list, points=point_lists, train_policy=train_policy,
                         train_reward=train_reward, bound=bound, extra=extra_hparams,

@@ -439,11 +439,19 @@ def test_best_of_n_draws_its_samples_once_a_seed_for_every_label_count(tmp_path,
 
 
 def test_a_reward_model_of_other_settings_or_labels_is_refused(tmp_path, toy_demo, monkeypatch):
-    """A finished reward model in --out is reused only if made with this sweep's hparams, from the labels and the
-    initial model it was made from: else one line, and nothing is trained."""
+    """A finished reward model in --out is reused only if made with this sweep's hparams and its count of training
+    labels (which the experiment binds, not the command line), from the labels and the initial model it was made
+    from: else one line, and nothing is trained."""
+    from lm_human_preferences import train_reward
+    from lm_human_preferences.utils import hyperparams
     s = toy_sweep(tmp_path)
     reward_dir = tmp_path / 'out' / 'seed1' / 'reward'
     reward_dir.mkdir(parents=True)
+    def trained_on(num_train):  # as the reward model's run saved its hparams
+        saved = train_reward.HParams()
+        saved.labels.num_train = num_train
+        hyperparams.save_json(saved, str(reward_dir / 'train_reward_hparams.json'))
+    trained_on(16)
     fingerprints = {'labels': 'a' * 64, 'initial model': 'b' * 64}
     monkeypatch.setattr(sweep.Sweep, 'reward_fingerprints', lambda self, d: dict(fingerprints))
     def done(hparams):
@@ -455,10 +463,41 @@ def test_a_reward_model_of_other_settings_or_labels_is_refused(tmp_path, toy_dem
     with pytest.raises(ValueError, match=r'reward is a reward model of other settings \(.*lr.*this sweep'):
         s.ensure_reward_model(1)
     done({'run.seed': '1'})
+    trained_on(8)  # e.g. made before the experiment bound another labels.num_train
+    with pytest.raises(ValueError, match=r'^\S+/seed1/reward was trained on 8 labels \(labels.num_train\), this sweep '
+                                         r'trains on 16: give this sweep another --out, or remove that folder$'):
+        s.ensure_reward_model(1)
+    trained_on(16)
     fingerprints['labels'] = 'c' * 64  # the labels file changed since
     with pytest.raises(ValueError, match=r"was trained on other labels than .*'s labels now \(sha256 aaaaaaaaaaaa, now "
                                          r"cccccccccccc\)"):
         s.ensure_reward_model(1)
+
+
+def test_the_frontier_trains_on_its_own_count_of_labels_whatever_the_experiment_binds(tmp_path, monkeypatch):
+    """The miniature's own run binds 8,192 training labels, its frontier keeps the 16,384 its runs were made on
+    (sweep.NUM_TRAIN), the command line another; a seed's reward model's command states the count."""
+    bound = {k: v for k, v, _ in top_launch.get_experiments()['sentiment_mini'][0] if k is not None}
+    assert bound['rewards.train_new_model.labels.num_train'] == 8192
+    assert sweep.labels_num_train('sentiment_mini', {}, bound) == 16384
+    assert sweep.labels_num_train('sentiment_mini', {'rewards.train_new_model.labels.num_train': '4096'}, bound) == 4096
+    monkeypatch.setitem(sweep.NUM_TRAIN, 'demo', 16)
+    s = sweep.Sweep(demo.EXPERIMENT, str(tmp_path / 'out'), arms=['ppo'], seeds=[1],
+                    points=sweep.parse_points(None, ['ppo']), train_policy=None, train_reward=None,
+                    bound={'rewards.train_new_model.labels.num_train': 32, 'rewards.train_new_model.batch_size': 8,
+                           'ppo.lr': 1e-4}, extra={}, best_of_n_queries=4, dpo_options={})
+    assert s.num_train == 16
+    commands = []
+    class Stop(Exception):
+        pass
+    def train_reward(exp, name, **hparams):
+        commands.append((exp, name, hparams))
+        raise Stop
+    s.train_reward_command = train_reward
+    with pytest.raises(Stop):
+        s.ensure_reward_model(1)
+    assert commands == [('demo', 'reward', {'save_dir': str(tmp_path / 'out' / 'seed1'), 'labels.num_train': '16',
+                                            'run.seed': '1'})]
 
 
 def test_a_resumed_runs_time_sums_its_processes(tmp_path):

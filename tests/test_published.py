@@ -68,6 +68,42 @@ def test_a_run_copies_the_published_labels_of_its_key_and_makes_other_seeds_own(
     assert other_seed != first and 'kept in' in out and "experiment's published" not in out
 
 
+def test_a_run_of_fewer_labels_copies_the_first_records_of_a_larger_published_file(tmp_path, capsys, monkeypatch):
+    """A run asking for fewer labels than a published file holds copies its first records, which are what making
+    them gives (one rank draws in batches of rollout_batch_size from one stream); not from a file made on several
+    ranks (each rank's share its own streams), nor fewer records than a batch (drawn in a smaller batch)."""
+    monkeypatch.setenv('LMHP_DATASETS_DIR', str(tmp_path / 'datasets'))
+    initial = _random_main_model(tmp_path / 'initial')
+    exp = dataclasses.replace(sentiment_mini.EXPERIMENT, held_out_labels=2, published=str(tmp_path / 'published'))
+    with open(Path(initial) / 'pretrain.json', 'w') as f:
+        json.dump(pretrain._pretrain_key(exp, exp.pretrain), f)
+
+    def prepare(run, num_train):
+        h = _miniature_reward_hparams(1)
+        h.task.policy.initial_model = initial
+        h.labels.num_train, h.rollout_batch_size = num_train, 4
+        save_dir = tmp_path / run
+        experiment.prepare_reward_training(exp, h, str(save_dir))
+        hyperparams.save_json(h, str(save_dir / 'train_reward_hparams.json'))
+        return save_dir, (save_dir / 'sentiment_mini_labels.json').read_bytes(), capsys.readouterr().out
+
+    made_dir, made, _ = prepare('made', 6)  # 8 labels, made: two batches of 4
+    large_dir, _, _ = prepare('large', 14)  # 16 labels
+    published.publish(exp, [str(large_dir)])
+    shutil.rmtree(tmp_path / 'datasets')  # another machine: nothing cached
+    _, prefix, out = prepare('prefix', 6)
+    assert prefix == made
+    assert re.search(r"the experiment's published labels, made on .*; its first 8 of 16\)", out), out
+    _, fewer, out = prepare('fewer', 1)  # 3 labels: below a batch of 4
+    assert "experiment's published" not in out and 'kept in' in out
+    index = json.loads((Path(exp.published) / published.INDEX).read_text())
+    index['labels'][0]['key']['ranks'] = 2
+    (Path(exp.published) / published.INDEX).write_text(json.dumps(index))
+    shutil.rmtree(tmp_path / 'datasets')
+    _, own, out = prepare('several_ranks', 6)
+    assert own == made and "experiment's published" not in out and 'kept in' in out
+
+
 def test_a_run_uses_the_published_initial_model_of_its_pretraining_and_pretrains_another(tmp_path, monkeypatch,
                                                                                         capsys):
     """The published initial model stands for the pretraining it was made by, whatever the products' dtype (another
@@ -93,8 +129,9 @@ def test_a_run_uses_the_published_initial_model_of_its_pretraining_and_pretrains
 
 
 def test_the_miniatures_published_files_are_what_its_runs_ask_for():
-    """The initial model and labels that the sentiment miniature ships are found by its runs (seeds 1-3), whole: a
-    change of its pretraining or task settings fails here until they are published again (published.py says how)."""
+    """The initial model and labels that the sentiment miniature ships are found by its runs (seeds 1-3: the first
+    10,240 of each seed's 18,432 records; its frontier's runs take them all): a change of its pretraining or task
+    settings fails here until they are published again (published.py says how)."""
     exp = sentiment_mini.EXPERIMENT
     model = published.initial_model(exp, pretrain._pretrain_key(exp, exp.pretrain))
     assert model is not None, 'the published initial model is not the one sentiment_mini pretrains: publish it again'
@@ -104,7 +141,7 @@ def test_the_miniatures_published_files_are_what_its_runs_ask_for():
         num_labels = h.labels.num_train + exp.held_out_labels
         found = published.labels(exp, labels.labels_key(exp, h, num_labels=num_labels, seed=seed))
         assert found is not None, f'no published labels for seed {seed}: publish them again'
-        records = json.loads(published.read_labels(found.path))
+        records = json.loads(published.read_labels(found))
         assert len(records) == num_labels and sorted(records[0]) == ['best', 'query'] + [f'sample{i}' for i in range(4)]
     # The published model is the pretraining's whole output: the weights every key names.
     index = json.loads((Path(exp.published) / published.INDEX).read_text())

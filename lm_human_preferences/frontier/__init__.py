@@ -3,7 +3,8 @@ the paper draws in its Figure 3: each way of using the same labels, run at sever
 scored by the labeler (VADER's gain in standard deviations of the initial policy's scores) against the KL from
 the initial policy.
 
-The arms, each on a seed's initial model, labels and labels budget (the experiment's labels.num_train):
+The arms, each on a seed's initial model, labels and labels budget (labels.num_train: sweep.NUM_TRAIN's
+for the miniature, 16,384, else the experiment's):
     ppo        offline PPO: the seed's reward model, trained once (seed<S>/reward), a fixed kl_coef the knob
     online     the paper's online loop (--online.retrains 3): a quarter of the labels first, the rest over 3 rounds
                asked of the labeler about the policy's samples; its own reward model; a fixed kl_coef the knob

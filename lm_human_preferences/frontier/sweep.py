@@ -57,6 +57,11 @@ PPO_ARMS = ('ppo', 'ppo_nofilter', 'ppo_4x')  # offline PPO against the seed's r
 # The arms a learning rate (--lr) and a label count (--labels) apply to; the online arm's labels come in rounds.
 LR_ARMS = (*PPO_ARMS, 'online', 'dpo')
 LABEL_ARMS = (*PPO_ARMS, 'best_of_n', 'dpo')
+# A seed's training labels (labels.num_train; the label axis takes the first N of them) where the frontier keeps
+# another count than the experiment binds: the miniature's own run trains on 8,192 (docs/sentiment_mini.md), its
+# frontier on the 16,384 its runs were made on, so that a stored run is what its frontier command makes.
+# --rewards.train_new_model.labels.num_train sets another.
+NUM_TRAIN = dict(sentiment_mini=16384)
 # A run's time on two cores of an AMD EPYC Zen 4 (each arm's measured seconds, docs/frontier.md), for the plan's line
 # before any run of the arm has finished in --out: PPO 2.5 min, 4x the episodes 10; online 17; best-of-n on 1,024
 # queries (512k samples) ~35; DPO on PPO's objective (about half the pairs kept) ~26; a seed's first reward model
@@ -149,9 +154,8 @@ class Sweep:
         self.train_policy_command, self.train_reward_command = train_policy, train_reward
         self.extra, self.bound = dict(extra), bound
         self.best_of_n_queries, self.dpo_options = best_of_n_queries, dpo_options
-        num_train = int(self.extra.get(REWARD_PREFIX + 'labels.num_train', bound[REWARD_PREFIX + 'labels.num_train']))
+        self.num_train = num_train = labels_num_train(exp.name, extra, bound)
         batch = int(self.extra.get(REWARD_PREFIX + 'batch_size', bound[REWARD_PREFIX + 'batch_size']))
-        self.num_train = num_train
         if 'online' in arms and (num_train % (4 * batch)):
             raise ConfigError(f'the online arm trains on a quarter of labels.num_train ({num_train}) first: it must be '
                               f'a multiple of 4 x the reward batch_size ({batch})')
@@ -315,20 +319,27 @@ class Sweep:
         identity = dict(experiment=self.exp_name, seed=seed, hparams=hparams)
         done = read_done(reward_dir)
         if done is not None:
-            self.check_reward_model(done, identity, reward_dir)
+            self.check_reward_model(done, identity, reward_dir, num_train=labels or self.num_train)
             return
         name = os.path.basename(reward_dir)
         print(f'[frontier] seed {seed}: training its reward model into {reward_dir}', flush=True)
-        self.train_reward_command(self.exp_name, name, save_dir=self.seed_dir(seed), **hparams)
+        # The count the sweep trains on, stated to the command whatever the experiment binds (NUM_TRAIN); the
+        # identity keeps the command line's settings, and check_reward_model reads the count the model was made on.
+        command = {'labels.num_train': str(self.num_train), **hparams}
+        self.train_reward_command(self.exp_name, name, save_dir=self.seed_dir(seed), **command)
         files.atomic_write(os.path.join(reward_dir, DONE), json.dumps(dict(
             identity=identity, fingerprints=self.reward_fingerprints(reward_dir),
-            command=launch_line('train_reward', self.exp_name, name, self.seed_dir(seed), hparams, self.out),
+            command=launch_line('train_reward', self.exp_name, name, self.seed_dir(seed), command, self.out),
             points=[])).encode())
 
-    def check_reward_model(self, done, identity, reward_dir):
+    def check_reward_model(self, done, identity, reward_dir, *, num_train):
         if done.get('identity') != identity:
             raise ValueError(f'{reward_dir} is a reward model of other settings ({done.get("identity")}; this sweep: '
                              f'{identity}): give this sweep another --out, or remove that folder')
+        trained_on = _load_hparams('train_reward', os.path.join(reward_dir, 'train_reward_hparams.json'))
+        if trained_on.labels.num_train != num_train:
+            raise ValueError(f'{reward_dir} was trained on {trained_on.labels.num_train} labels (labels.num_train), '
+                             f'this sweep trains on {num_train}: give this sweep another --out, or remove that folder')
         now = self.reward_fingerprints(reward_dir)
         for what, fingerprint in done.get('fingerprints', {}).items():
             if now.get(what) != fingerprint:
@@ -498,6 +509,12 @@ class Sweep:
         return command, [dict(value=run.value, **point, pairs=pairs, samples=0, optimizer_steps=trained['steps'],
                               dpo_final_loss=trained.get('final_loss'),
                               dpo_final_pair_accuracy=trained.get('final_pair_accuracy'))]
+
+
+def labels_num_train(exp_name, extra, bound):
+    """The sweep's labels.num_train: the command line's, else the frontier's own (NUM_TRAIN), else the experiment's."""
+    return int(extra.get(REWARD_PREFIX + 'labels.num_train',
+                         NUM_TRAIN.get(exp_name, bound[REWARD_PREFIX + 'labels.num_train'])))
 
 
 def _load_hparams(command, path):

@@ -144,7 +144,7 @@ def prepare_reward_training(exp: OfflineExperiment, hparams: train_reward_module
             made = f'made in {time.time() - started:.0f}s, kept in {cached} for a rerun'
         if ranks.is_root():
             os.makedirs(save_dir, exist_ok=True)
-            files.atomic_write(path, published.read_labels(found.path) if found else Path(cached).read_bytes())
+            files.atomic_write(path, published.read_labels(found) if found else Path(cached).read_bytes())
         utils.mpi_bcast(None)  # everyone waits until the copy is in place
     hparams.labels.source = path
 

@@ -29,9 +29,11 @@ MADE_WITH = dict(initial_model=('products_dtype',), labels=('rollout_batch_size'
 
 @dataclass(frozen=True)
 class Published:
-    """A published file (the initial model's dir, or a labels file) and a few words on where it was made."""
+    """A published file (the initial model's dir, or a labels file) and a few words on where it was made; for labels,
+    how many of the file's records are asked for (its first num_labels)."""
     path: str
     made: str
+    num_labels: int | None = None
 
 
 def _what(key, kind):
@@ -61,17 +63,33 @@ def initial_model(exp, key):
 
 
 def labels(exp, key):
-    """The published labels of labels key `key` (labels.labels_key), or None."""
+    """The published labels of labels key `key` (labels.labels_key), or None: a file of that key, or the first
+    key['num_labels'] records of a file of more that is otherwise the same and was made on one rank. One rank draws
+    its labels in batches of rollout_batch_size from one stream of each kind and keeps the first num_labels
+    (labels.make_labels), so a file's first n records are what making n would write, for n at least its batch."""
+    num_labels = key['num_labels']
     for entry in _index(exp).get('labels', []):
-        if _what(entry['key'], 'labels') == _what(key, 'labels'):
-            return Published(os.path.join(exp.published, entry['file']), _made(entry))
+        made = entry['key']
+        if _what(made, 'labels') == _what(key, 'labels'):
+            return Published(os.path.join(exp.published, entry['file']), _made(entry), num_labels)
+    for entry in _index(exp).get('labels', []):
+        made = entry['key']
+        if (_what(dict(made, num_labels=num_labels), 'labels') == _what(key, 'labels') and made['ranks'] == 1
+                and made['rollout_batch_size'] <= num_labels < made['num_labels']):
+            return Published(os.path.join(exp.published, entry['file']),
+                             f"{_made(entry)}; its first {num_labels} of {made['num_labels']}", num_labels)
     return None
 
 
-def read_labels(path):
-    """A published labels file's bytes: the original's best_of_N JSON, gzipped (~5x smaller)."""
-    with gzip.open(path, 'rb') as f:
-        return f.read()
+def read_labels(found: Published):
+    """A published labels file's records that `found` asks for, as the bytes make_labels would write for them (the
+    original's best_of_N JSON; the file is gzipped: ~5x smaller)."""
+    with gzip.open(found.path, 'rb') as f:
+        data = f.read()
+    records = json.loads(data)
+    if len(records) == found.num_labels:
+        return data
+    return json.dumps(records[:found.num_labels]).encode()
 
 
 def publish(exp, save_dirs):

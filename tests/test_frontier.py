@@ -501,8 +501,8 @@ def test_the_frontier_trains_on_its_own_count_of_labels_whatever_the_experiment_
 
 
 def test_a_resumed_runs_time_sums_its_processes(tmp_path):
-    """A run killed and resumed: its seconds are the first process's (to its last write before the second started)
-    plus the second's."""
+    """A run killed and resumed: its seconds are the first process's (to its last write, noted as the second started,
+    whatever the second rewrites) plus the second's; a file of starts alone (an older run's) reads as before."""
     run_dir = tmp_path / 'run'
     first = sweep.start_attempt(str(run_dir))
     (run_dir / 'state.json').write_text('{}')
@@ -512,8 +512,14 @@ def test_a_resumed_runs_time_sums_its_processes(tmp_path):
     os.utime(run_dir / 'state.json', (first - 900, first - 900))  # and last wrote 100 s in
     second = sweep.start_attempt(str(run_dir))
     assert len(attempts) == 1
+    (run_dir / 'state.json').write_text('{"resumed": 1}')  # the second rewrites what the first left (a rotated
+    os.utime(run_dir / 'state.json', (second + 5, second + 5))  # checkpoint): the first's end was noted at the start
     seconds = sweep.attempts_seconds(str(run_dir), second)
     assert 100 <= seconds < 100 + (time.time() - second) + 1
+    third = sweep.start_attempt(str(run_dir))  # killed again 5 s in, and resumed
+    noted = json.loads((run_dir / sweep.ATTEMPTS).read_text())[:2]
+    assert [t for a in noted for t in a] == pytest.approx([first - 1000, first - 900, second, second + 5], abs=1e-3)
+    assert 105 <= sweep.attempts_seconds(str(run_dir), third) < 105 + (time.time() - third) + 1
 
 
 # ---- table.py's plot and label axis, on hand-made rows (no model)

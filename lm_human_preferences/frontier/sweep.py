@@ -70,7 +70,7 @@ NUM_TRAIN = dict(sentiment_mini=16384)
 # (sentiment_mini on one core: 1.2 s to score a column of 1,024 samples against 5.5 s to draw, label and score it).
 BEST_OF_N_RANKING_SHARE = 0.2
 ESTIMATED_SECONDS = dict(ppo=150, ppo_nofilter=150, ppo_4x=600, online=1020, best_of_n=2100, dpo=1560, reward=900)
-ATTEMPTS = 'frontier_attempts.json'  # a run's processes' start times, so that a resumed run's time is summed
+ATTEMPTS = 'frontier_attempts.json'  # a run's processes' starts and ends, so that a resumed run's time is summed
 
 
 def parse_list(option, value, parse, allowed=None):
@@ -564,23 +564,41 @@ def runs_on():
 
 
 def start_attempt(run_dir):
-    """Note this process's start in the run's attempts (a stopped run's processes before it are summed); returns it."""
+    """Note this process's start in the run's attempts, and the end of the process before it: its last write into the
+    run's folder, read as this one starts (a process killed with -9 says nothing of its end, and a resumed trainer may
+    rewrite or rotate away what it left: TRL's checkpoints); returns the start."""
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, ATTEMPTS)
-    starts = json.load(open(path)) if os.path.isfile(path) else []
+    attempts = _read_attempts(path)
+    if attempts and attempts[-1][1] is None:
+        start = attempts[-1][0]
+        attempts[-1] = [start, max([w for w in _writes(run_dir) if w >= start], default=start)]
     now = time.time()
-    files.atomic_write(path, json.dumps(starts + [now]).encode())
+    files.atomic_write(path, json.dumps(attempts + [[now, None]]).encode())
     return now
 
 
 def attempts_seconds(run_dir, this_start):
-    """The run's time over all its processes: this one's, and each earlier one's from its start to its last write
-    into the run's folder before the next started (a process killed with -9 says nothing of its end)."""
-    with open(os.path.join(run_dir, ATTEMPTS)) as f:
-        starts = json.load(f)
-    writes = [os.path.getmtime(os.path.join(root, name)) for root, _, names in os.walk(run_dir) for name in names
-              if name != ATTEMPTS]
+    """The run's time over all its processes: this one's, and each earlier one's from its start to its end noted by
+    the next (before ends were noted, a file holds starts alone: to its last write before the next started)."""
+    attempts = _read_attempts(os.path.join(run_dir, ATTEMPTS))
+    writes = _writes(run_dir)
     seconds = time.time() - this_start
-    for start, next_start in zip(starts, starts[1:]):
-        seconds += max([w for w in writes if start <= w < next_start], default=start) - start
+    for (start, end), (next_start, _) in zip(attempts, attempts[1:]):
+        if end is None:
+            end = max([w for w in writes if start <= w < next_start], default=start)
+        seconds += end - start
     return seconds
+
+
+def _read_attempts(path):
+    """[[start, end or None], ...]; a file of starts alone (as runs wrote it before ends were noted) reads as such."""
+    if not os.path.isfile(path):
+        return []
+    with open(path) as f:
+        return [a if isinstance(a, list) else [a, None] for a in json.load(f)]
+
+
+def _writes(run_dir):
+    return [os.path.getmtime(os.path.join(root, name)) for root, _, names in os.walk(run_dir) for name in names
+            if name != ATTEMPTS]

@@ -29,8 +29,8 @@ MADE_WITH = dict(initial_model=('products_dtype',), labels=('rollout_batch_size'
 
 @dataclass(frozen=True)
 class Published:
-    """A published file (the initial model's dir, or a labels file) and a few words on where it was made; for labels,
-    how many of the file's records are asked for (its first num_labels)."""
+    """A published file (the initial model's dir, or a labels file) and a few words on where it was made; for labels
+    of which only the first records are asked for, how many (None: the whole file)."""
     path: str
     made: str
     num_labels: int | None = None
@@ -67,12 +67,11 @@ def labels(exp, key):
     key['num_labels'] records of a file of more that is otherwise the same and was made on one rank. One rank draws
     its labels in batches of rollout_batch_size from one stream of each kind and keeps the first num_labels
     (labels.make_labels), so a file's first n records are what making n would write, for n at least its batch."""
-    num_labels = key['num_labels']
-    for entry in _index(exp).get('labels', []):
-        made = entry['key']
-        if _what(made, 'labels') == _what(key, 'labels'):
-            return Published(os.path.join(exp.published, entry['file']), _made(entry), num_labels)
-    for entry in _index(exp).get('labels', []):
+    num_labels, entries = key['num_labels'], _index(exp).get('labels', [])
+    for entry in entries:
+        if _what(entry['key'], 'labels') == _what(key, 'labels'):
+            return Published(os.path.join(exp.published, entry['file']), _made(entry))
+    for entry in entries:
         made = entry['key']
         if (_what(dict(made, num_labels=num_labels), 'labels') == _what(key, 'labels') and made['ranks'] == 1
                 and made['rollout_batch_size'] <= num_labels < made['num_labels']):
@@ -86,10 +85,9 @@ def read_labels(found: Published):
     original's best_of_N JSON; the file is gzipped: ~5x smaller)."""
     with gzip.open(found.path, 'rb') as f:
         data = f.read()
-    records = json.loads(data)
-    if len(records) == found.num_labels:
+    if found.num_labels is None:
         return data
-    return json.dumps(records[:found.num_labels]).encode()
+    return json.dumps(json.loads(data)[:found.num_labels]).encode()
 
 
 def publish(exp, save_dirs):

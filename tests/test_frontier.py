@@ -110,6 +110,10 @@ def test_dpo_round_trip_and_best_of_n(tmp_path, toy_demo, capsys):
     assert re.search(r'^\[frontier 2/2\] dpo seed 1 beta 0\.1 lr 0\.03: [+-][\d.]+ ± [\d.]+ sd at [\d.]+ nats \(RM ', out,
                      re.M)
     assert (tmp_path / 'frontier.png').stat().st_size > 0 and table.BEGIN in (tmp_path / 'frontier.md').read_text()
+    # the label axis: on the first 8 of the 16 labels (24 pairs) DPO takes the full count's 6 steps, two passes
+    frontier(tmp_path, arms='dpo', points='dpo=0.1', lr='dpo=0.03', labels='8')
+    labelled = json.loads((seed_dir / 'dpo-beta0.1-lr0.03-labels8' / 'policy_hf' / 'trained.json').read_text())
+    assert labelled['pairs'] == 24 and labelled['steps'] == 6
 
 
 def test_table_only_regenerates_from_the_results(tmp_path, capsys):
@@ -386,8 +390,8 @@ def test_the_label_axis_trains_on_a_prefix_and_holds_out_the_same_labels(tmp_pat
     expected -= (1 - sweep.BEST_OF_N_RANKING_SHARE) * sweep.ESTIMATED_SECONDS['best_of_n']
     assert s.plan_line(plan).startswith(f'frontier: {len(plan)} runs, 0 finished earlier; the rest about '
                                         f'{expected / 3600:.1f} h (with 2 reward models;')
-    # DPO's time is its pairs': on 8 of 16 labels, half a run's
-    assert s.label_share(sweep.Planned('dpo', 1, 0.4, labels=8)) == 0.5
+    # DPO on 8 of 16 labels takes the full count's steps: a whole run's time
+    assert s.label_share(sweep.Planned('dpo', 1, 0.4, labels=8)) == 1.0
     assert s.label_share(sweep.Planned('ppo', 1, 0.2, labels=8)) == 1.0
     assert s.label_share(sweep.Planned('best_of_n', 1, None, labels=8), draws=False) == sweep.BEST_OF_N_RANKING_SHARE
     # a PPO run finished in --out (of another point than the plan's): its time stands for PPO's runs

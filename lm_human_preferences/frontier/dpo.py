@@ -13,6 +13,7 @@ TRL and transformers are imported here only: `pip install -e .[baselines]`."""
 import contextlib
 import dataclasses
 import json
+import math
 import os
 
 import torch
@@ -116,11 +117,17 @@ def cpu_tiles(tile=CPU_TILE):
             setattr(module, name, size)
 
 
+def optimizer_steps(pairs, batch_size=BATCH_SIZE, epochs=EPOCHS):
+    """The optimizer steps of `epochs` passes over `pairs` pairs, as the Trainer counts them (a last short batch is a
+    step)."""
+    return math.ceil(pairs / batch_size) * epochs
+
+
 def train(initial_hf, rows, out_dir, work_dir, *, beta, seed, learning_rate=LEARNING_RATE, batch_size=BATCH_SIZE,
-          epochs=EPOCHS):
+          epochs=EPOCHS, steps=None):
     """DPO from the Hugging Face folder initial_hf on rows (preference_rows) at beta, its checkpoints in work_dir, the
-    trained model and tokenizer saved into out_dir (a Hugging Face folder). Done already (out_dir/trained.json):
-    nothing to do."""
+    trained model and tokenizer saved into out_dir (a Hugging Face folder); `epochs` passes over the rows, or `steps`
+    optimizer steps where given (as many passes as they take). Done already (out_dir/trained.json): nothing to do."""
     if os.path.isfile(os.path.join(out_dir, TRAINED)):
         return
     import datasets
@@ -135,6 +142,7 @@ def train(initial_hf, rows, out_dir, work_dir, *, beta, seed, learning_rate=LEAR
         tokenizer.eos_token = tokenizer.pad_token
     config = dpo_config(output_dir=work_dir, beta=beta, learning_rate=learning_rate,
                         per_device_train_batch_size=batch_size, num_train_epochs=epochs, seed=seed,
+                        max_steps=-1 if steps is None else steps,  # the Trainer's own: it overrides the epochs
                         lr_scheduler_type='linear',  # decayed to 0, as our trainers' rates
                         save_strategy='steps', save_steps=SAVE_STEPS, save_total_limit=1, logging_steps=LOG_STEPS,
                         report_to='none', disable_dropout=True, max_length=model.config.n_positions,

@@ -256,11 +256,10 @@ class Sweep:
                 f'cores of an AMD EPYC Zen 4: frontier/sweep.py ESTIMATED_SECONDS)')
 
     def label_share(self, run, draws=True):
-        """A run's time against its arm's run at the full label count: DPO's is its pairs'; best-of-n's, when it ranks
-        the samples a run of its seed drew earlier (not `draws`), BEST_OF_N_RANKING_SHARE."""
-        if run.arm == 'best_of_n':
-            return 1.0 if draws else BEST_OF_N_RANKING_SHARE
-        return 1.0 if run.arm != 'dpo' or run.labels is None else run.labels / self.num_train
+        """A run's time against its arm's run at the full label count: the same (DPO's takes the full count's steps),
+        but best-of-n's when it ranks the samples a run of its seed drew earlier (not `draws`):
+        BEST_OF_N_RANKING_SHARE."""
+        return BEST_OF_N_RANKING_SHARE if run.arm == 'best_of_n' and not draws else 1.0
 
     def check_same(self, done, run, run_dir):
         """A finished run of other settings (another experiment, hparams or labels budget) is not this sweep's."""
@@ -488,21 +487,30 @@ class Sweep:
             files.atomic_write(os.path.join(initial_hf, DONE), b'{}')
         reward = _load_hparams('train_reward', os.path.join(self.reward_dir(run.seed), 'train_reward_hparams.json'))
         with open(os.path.join(self.reward_dir(run.seed), f'{self.exp.name}_labels.json')) as f:
-            # the held-out labels stay held out; the label axis: the first `labels` of them
-            records = json.load(f)[:reward.labels.num_train if run.labels is None else run.labels]
+            training = json.load(f)[:reward.labels.num_train]  # the held-out labels stay held out
+        # the label axis: the first `labels` of them
+        records = training if run.labels is None else training[:run.labels]
         rows, pairs = dpo.preference_rows(records, hparams.task, self.exp.encoding.name, reward.labels.type)
         policy_hf = os.path.join(run_dir, 'policy_hf')
         options = dict(self.dpo_options, learning_rate=self.default_lr['dpo'] if run.lr is None else run.lr)
+        steps = None
+        if run.labels is not None:
+            # The label axis varies the labels alone: on fewer labels DPO takes the full count's optimizer steps (as
+            # many passes over its pairs as they take), as PPO takes its own steps on every count's reward model. One
+            # pass over 1,024 labels' pairs is ~22 steps, too few to move the policy to 6 nats at any beta.
+            full_rows, _ = dpo.preference_rows(training, hparams.task, self.exp.encoding.name, reward.labels.type)
+            steps = dpo.optimizer_steps(len(full_rows['prompt']), **self.dpo_options)
         with offline_engine.cpu_threads(self.exp):
             dpo.train(initial_hf, rows, policy_hf, os.path.join(run_dir, 'trl'), beta=run.value, seed=run.seed,
-                      **options)
+                      steps=steps, **options)
             point = evaluate.policy_point(self.exp, hparams, policy_hf, run_dir, seed=run.seed, baseline=baseline)
         with open(os.path.join(policy_hf, dpo.TRAINED)) as f:
             trained = json.load(f)
         labels_file = os.path.relpath(os.path.join(self.reward_dir(run.seed), self.exp.name + '_labels.json'), self.out)
         command = (f'TRL DPOTrainer (frontier/dpo.py) on {len(rows["prompt"])} pairs of the first {len(records)} '
                    f'records of $OUT/{labels_file} under PPO\'s objective ({pairs["kept"]} as labelled, '
-                   f'{pairs["flipped"]} flipped, {pairs["dropped"]} dropped: dpo.objective_pair), from '
+                   f'{pairs["flipped"]} flipped, {pairs["dropped"]} dropped: dpo.objective_pair), '
+                   + ('' if steps is None else f'{steps} steps (the {len(training)} records\' one pass), ') + 'from '
                    f'$OUT/{os.path.relpath(initial_hf, self.out)}, beta {run.value:g}, '
                    f'lr {options["learning_rate"]:g}; '
                    f'evaluated as --task.policy.initial_model $OUT/{os.path.relpath(policy_hf, self.out)}')
